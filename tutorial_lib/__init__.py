@@ -1,0 +1,32 @@
+"""tutorial_lib: the reusable half of the HPC training workbook.
+
+    import tutorial_lib as tl
+    cfg = tl.TrainConfig(dataset="shapes", model="resnet18", steps=100)
+    result = tl.train(cfg)            # this process: one device or DataParallel
+    result = tl.launch(cfg, nproc=2)  # DDP through torchrun, from a notebook cell
+"""
+from pathlib import Path
+
+from .config import ConfigError, TrainConfig, UserError, load
+
+ROOT = Path(__file__).resolve().parents[1]  # the workbook checkout (notebooks/, jobs/, data/ live here)
+
+__all__ = ["ConfigError", "ROOT", "TrainConfig", "UserError", "launch", "load", "load_result", "train"]
+
+
+def __getattr__(name):
+    # torch is imported on first use, so `tutorial_lib.config` and `tutorial_lib.jobs` work without it
+    if name in ("train", "load_result", "Result"):
+        from . import engine
+
+        return getattr(engine, name)
+    if name == "launch":
+        from .distributed import launch
+
+        return launch
+    if name in ("data", "models", "distributed", "engine", "profiling", "tensorboard", "jobs", "env_report"):
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__) if name != "env_report" else \
+            importlib.import_module(".report", __name__).env_report
+    raise AttributeError(f"module 'tutorial_lib' has no attribute {name!r}")

@@ -1,0 +1,320 @@
+"""Datasets by name, augmentation and DataLoader construction.
+
+Every loader yields uint8 image batches (N, C, H, W) and int64 labels. Conversion to float and
+normalisation happen on the device (`normalize`), so the host-to-device copy moves 4x fewer bytes.
+
+Augmentation is deterministic from (seed, epoch, sample index), whichever worker draws it, so a run
+resumed from a checkpoint sees exactly the images the uninterrupted run would have seen.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from .config import TrainConfig, UserError
+
+# name -> (channels, size, classes, mean, std)
+SPECS = {
+    "shapes": (3, 32, 10, (0.45, 0.45, 0.45), (0.25, 0.25, 0.25)),
+    "imagefolder": (3, 32, 10, (0.45, 0.45, 0.45), (0.25, 0.25, 0.25)),
+    "cifar10": (3, 32, 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": (3, 32, 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "mnist": (1, 28, 10, (0.1307,), (0.3081,)),
+}
+SHAPE_NAMES = ("disk", "square", "diamond", "ring", "plus", "cross", "hbar", "vbar", "triangle", "frame")
+TORCHVISION = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "mnist": "MNIST"}
+
+
+class DataNotFound(UserError):
+    pass
+
+
+def num_classes(dataset: str) -> int:
+    return SPECS[dataset][2]
+
+
+# ---------------------------------------------------------------------------- shapes
+def make_shapes(n: int, seed: int, size: int = 32, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """`n` images (n, size, size, 3) uint8 of ten shape classes on noisy backgrounds, and their labels.
+
+    Deterministic from `seed`; the first k images are the same whatever `n` is (chunks have their own seeds).
+    """
+    images, labels = [], []
+    for start in range(0, n, chunk):
+        rng = np.random.default_rng([seed, start // chunk])
+        m = min(chunk, n - start)
+        x, y = _shape_chunk(rng, chunk, size)
+        images.append(x[:m])
+        labels.append(y[:m])
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def _shape_chunk(rng: np.random.Generator, m: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    y = rng.integers(0, 10, m)
+    r = rng.uniform(0.22, 0.42, (m, 1, 1)) * size
+    cx = rng.uniform(0.35, 0.65, (m, 1, 1)) * size
+    cy = rng.uniform(0.35, 0.65, (m, 1, 1)) * size
+    grid = np.arange(size, dtype=np.float32) + 0.5
+    dx, dy = grid[None, None, :] - cx, grid[None, :, None] - cy
+    ax, ay, dist, box = np.abs(dx), np.abs(dy), np.sqrt(dx**2 + dy**2), np.maximum(np.abs(dx), np.abs(dy))
+    t = r / 3
+    masks = np.stack([
+        dist < r,                                            # disk
+        box < r * 0.85,                                      # square
+        ax + ay < r,                                         # diamond
+        (dist < r) & (dist > r * 0.55),                      # ring
+        ((ax < t) & (ay < r)) | ((ay < t) & (ax < r)),       # plus
+        (np.abs(ax - ay) < t * 0.8) & (box < r * 0.85),      # cross (x)
+        (ay < t) & (ax < r),                                 # horizontal bar
+        (ax < t) & (ay < r),                                 # vertical bar
+        (dy < r * 0.7) & (dy > -r * 0.7) & (ax < (dy + r * 0.7) * 0.6),  # triangle
+        (box < r * 0.85) & (box > r * 0.5),                  # frame
+    ])[y, np.arange(m)]
+    bg = rng.uniform(0, 255, (m, 1, 1, 3))
+    fg = (bg + rng.choice([-1, 1], (m, 1, 1, 1)) * rng.uniform(70, 150, (m, 1, 1, 3))) % 256
+    img = np.where(masks[..., None], fg, bg) + rng.normal(0, 18, (m, size, size, 3))
+    return np.clip(img, 0, 255).astype(np.uint8), y.astype(np.int64)
+
+
+# ---------------------------------------------------------------------------- augmentation
+def crop_flip(x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, pad: int = 4) -> torch.Tensor:
+    """Random crop with zero padding, then horizontal flip, for a batch (N, C, H, W) on any device.
+
+    `offsets` (N, 2) holds each sample's (top, left) in [0, 2*pad]; `flips` (N,) bools. The CPU loader and
+    the GPU-side augmentation both call this, so the same draws give the same pixels.
+    """
+    n, c, h, w = x.shape
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+    rows = offsets[:, 0, None] + torch.arange(h, device=x.device)[None, :]  # (N, H)
+    cols = offsets[:, 1, None] + torch.arange(w, device=x.device)[None, :]  # (N, W)
+    cols = torch.where(flips[:, None], cols.flip(1), cols)
+    idx_n = torch.arange(n, device=x.device)[:, None, None]
+    out = padded.permute(0, 2, 3, 1)[idx_n, rows[:, :, None], cols[:, None, :]]  # (N, H, W, C)
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
+def draw_augment(n: int, gen: torch.Generator, pad: int = 4, device: str | torch.device = "cpu"):
+    """Random crop offsets and flips for n samples, drawn from `gen`."""
+    offsets = torch.randint(0, 2 * pad + 1, (n, 2), generator=gen, device=device)
+    flips = torch.rand(n, generator=gen, device=device) < 0.5
+    return offsets, flips
+
+
+def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
+
+
+def normalize(x: torch.Tensor, dataset: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 (N, C, H, W) -> normalised float on x's device."""
+    _, _, _, mean, std = SPECS[dataset]
+    mean = torch.tensor(mean, device=x.device, dtype=dtype).view(1, -1, 1, 1)
+    std = torch.tensor(std, device=x.device, dtype=dtype).view(1, -1, 1, 1)
+    return (x.to(dtype) / 255 - mean) / std
+
+
+# ---------------------------------------------------------------------------- datasets
+class ImageDataset(Dataset):
+    """Images as uint8 CHW tensors; indexed by (index, epoch) pairs from EpochSampler so augmentation
+    is reproducible, or by a plain int (no augmentation)."""
+
+    def __init__(self, base, augment: bool, seed: int, pad: int = 4):
+        self.base, self.augment, self.seed, self.pad = base, augment, seed, pad
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, key):
+        index, epoch = key if isinstance(key, tuple) else (key, None)
+        x, y = self.base[index]
+        if self.augment and epoch is not None:
+            offsets, flips = draw_augment(1, sample_generator(self.seed, epoch, index), self.pad)
+            x = crop_flip(x[None], offsets, flips, self.pad)[0]
+        return x, y
+
+
+class ArrayImages:
+    """(N, H, W, C) uint8 array + labels -> (C, H, W) uint8 tensor, label."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray):
+        self.images, self.labels = torch.from_numpy(images).permute(0, 3, 1, 2), torch.from_numpy(labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return self.images[i], int(self.labels[i])
+
+
+class TorchvisionImages:
+    """A torchvision dataset (PIL images) -> (C, H, W) uint8 tensor, label."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        img, label = self.ds[i]
+        x = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy())
+        return (x[None] if x.ndim == 2 else x.permute(2, 0, 1)), int(label)
+
+
+def base_dataset(cfg: TrainConfig, split: str):
+    """The un-augmented images of a split ('train' or 'val') as an indexable of (uint8 CHW, label)."""
+    if cfg.dataset == "shapes":
+        n = (cfg.train_size or 50_000) if split == "train" else (cfg.val_size or 10_000)
+        return ArrayImages(*make_shapes(n, seed=2 * cfg.seed + (split == "val")))
+    if cfg.dataset == "imagefolder":
+        from .imagefolder import imagefolder_dataset  # added by the data-loading lesson
+
+        return imagefolder_dataset(cfg, split)
+    return TorchvisionImages(torchvision_dataset(cfg.dataset, cfg.data_dir, train=(split == "train")))
+
+
+def torchvision_dataset(name: str, data_dir: str, train: bool, download: bool = False):
+    import torchvision
+
+    cls = getattr(torchvision.datasets, TORCHVISION[name])
+    try:
+        return cls(root=str(data_dir), train=train, download=download)
+    except RuntimeError as e:  # torchvision: "Dataset not found or corrupted. You can use download=True"
+        raise DataNotFound(f"dataset {name!r} is not staged in {str(data_dir)!r}; on a login node with internet run "
+                           f"`make data` or `python -m tutorial_lib data fetch {name}` ({e})") from None
+
+
+def fetch(name: str, data_dir: str = "data") -> Path:
+    """Download a torchvision dataset into data_dir (run on a login node that has internet)."""
+    if name not in TORCHVISION:
+        raise UserError(f"cannot fetch {name!r}: one of {', '.join(TORCHVISION)} "
+                        "(shapes needs no download; imagefolder is made by `make data`)")
+    for train in (True, False):
+        torchvision_dataset(name, data_dir, train=train, download=True)
+    return Path(data_dir)
+
+
+def staged(data_dir: str = "data") -> dict[str, bool]:
+    """Which torchvision datasets are present in data_dir (checked without loading them)."""
+    marks = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "mnist": "MNIST/raw"}
+    return {name: (Path(data_dir) / mark).is_dir() for name, mark in marks.items()}
+
+
+def subset(base, limit: int | None):
+    if limit is None or limit >= len(base):
+        return base
+    return torch.utils.data.Subset(base, range(limit))
+
+
+# ---------------------------------------------------------------------------- loading
+class EpochSampler(DistributedSampler):
+    """DistributedSampler that yields (index, epoch) pairs and can start part-way into an epoch (resume)."""
+
+    def __init__(self, dataset, num_replicas: int, rank: int, shuffle: bool, seed: int, drop_last: bool):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
+                         drop_last=drop_last)
+        self.start = 0
+
+    def __iter__(self):
+        indices = list(super().__iter__())[self.start:]
+        return iter([(i, self.epoch) for i in indices])
+
+    def __len__(self) -> int:
+        return self.num_samples - self.start
+
+
+def build_loader(cfg: TrainConfig, split: str, rank: int = 0, world_size: int = 1, batch_size: int | None = None,
+                 pin_memory: bool | None = None) -> DataLoader:
+    """A DataLoader for one rank. Every knob comes from the config; `batch_size` is per device."""
+    train = split == "train"
+    base = subset(base_dataset(cfg, split), cfg.train_size if train else cfg.val_size)
+    augment = train and cfg.augment and cfg.dataset != "mnist"  # flipped digits are other digits
+    ds = ImageDataset(base, augment=augment, seed=cfg.seed)
+    bs = batch_size or cfg.batch_size
+    if train and len(ds) < bs * world_size:
+        raise UserError(f"train_size={len(ds)} is smaller than one global batch ({bs} x {world_size} ranks); "
+                        f"raise train_size or lower batch_size")
+    sampler = EpochSampler(ds, world_size, rank, shuffle=train, seed=cfg.seed, drop_last=train)
+    workers = cfg.num_workers
+    return DataLoader(
+        ds, batch_size=bs, sampler=sampler, drop_last=train, num_workers=workers,
+        pin_memory=cfg.pin_memory if pin_memory is None else pin_memory,
+        persistent_workers=cfg.persistent_workers and workers > 0,
+        prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
+        multiprocessing_context=_mp_context() if workers > 0 else None,
+    )
+
+
+def _mp_context():
+    # fork is fastest and works from notebooks; torch warns that it is unsafe once threads exist, but
+    # DataLoader workers only read arrays. On macOS fork is not available by default.
+    import multiprocessing as mp
+
+    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+
+
+def steps_per_epoch(loader: DataLoader) -> int:
+    sampler = loader.sampler
+    n = sampler.num_samples
+    return n // loader.batch_size if loader.drop_last else math.ceil(n / loader.batch_size)
+
+
+def default_workers() -> int:
+    """CPUs this process may use minus one for the training loop (SLURM_CPUS_PER_TASK when under Slurm)."""
+    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or len(os.sched_getaffinity(0))
+    return max(0, min(8, cpus - 1))
+
+
+# ---------------------------------------------------------------------------- input pipelines
+class LoaderInput:
+    """A DataLoader as the engine sees it: `epoch(e, start_batch)` iterates one epoch's batches."""
+
+    def __init__(self, loader: DataLoader):
+        self.loader = loader
+        self.steps_per_epoch = steps_per_epoch(loader)
+
+    def epoch(self, epoch: int, start_batch: int = 0):
+        self.loader.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
+        self.loader.sampler.start = start_batch * self.loader.batch_size
+        return iter(self.loader)
+
+
+class CudaPrefetcher:
+    """Copies the next batch to the GPU on a side stream while the current step computes."""
+
+    def __init__(self, inner: LoaderInput, device: torch.device):
+        self.inner, self.device = inner, device
+        self.steps_per_epoch = inner.steps_per_epoch
+        self.stream = torch.cuda.Stream(device)
+
+    def _load(self, it):
+        try:
+            x, y = next(it)
+        except StopIteration:
+            return None
+        with torch.cuda.stream(self.stream):
+            return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def epoch(self, epoch: int, start_batch: int = 0):
+        it = self.inner.epoch(epoch, start_batch)
+        nxt = self._load(it)
+        while nxt is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+            x, y = nxt
+            x.record_stream(torch.cuda.current_stream(self.device))  # keep the memory alive for this step
+            y.record_stream(torch.cuda.current_stream(self.device))
+            nxt = self._load(it)
+            yield x, y
+
+
+def build_input(cfg: TrainConfig, split: str, env, batch_size: int):
+    """The input pipeline named by cfg.loader for this rank (env: a distributed.DistEnv)."""
+    pin = cfg.pin_memory and env.device.type == "cuda"  # pinning without a GPU only costs time
+    inp = LoaderInput(build_loader(cfg, split, env.rank, env.world_size, batch_size, pin_memory=pin))
+    if cfg.loader == "prefetcher" and env.device.type == "cuda":
+        return CudaPrefetcher(inp, env.device)
+    return inp

@@ -1,0 +1,421 @@
+"""THE training loop. Every way of running the workbook (notebook cell, CLI, torchrun, Slurm job) ends here.
+
+Read `Run.fit` top to bottom: fetch a batch, copy it to the device, forward under autocast, backward,
+optimizer step; around it a throughput meter, TensorBoard scalars, checkpoints and a profiler hook.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import signal
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import data, distributed, models, profiling
+from .config import ConfigError, TrainConfig, UserError
+
+EXIT_PREEMPTED = 3  # the CLI's exit code after SIGUSR1: checkpoint written, rerun to continue
+
+
+class Preempted(Exception):
+    """Raised after a SIGUSR1 (Slurm's warning before the time limit) once the checkpoint is written."""
+
+
+@dataclass
+class Result:
+    """Everything a run measured. Saved as <out_dir>/result.json by rank 0."""
+    config: dict
+    device: str
+    world_size: int
+    steps: int
+    global_batch: int
+    throughput_img_s: float
+    step_time_ms: dict
+    data_wait_ms: float
+    loss: list
+    final_loss: float
+    val_accuracy: float | None
+    peak_memory_mb: float | None
+    param_checksums: list
+    resumed_from_step: int | None
+    wall_time_s: float
+    torch_version: str = torch.__version__
+    extra: dict = field(default_factory=dict)
+
+    def summary(self) -> str:
+        acc = "n/a" if self.val_accuracy is None else f"{100 * self.val_accuracy:.1f}%"
+        mem = "n/a (CPU)" if self.peak_memory_mb is None else f"{self.peak_memory_mb:,.0f} MB"
+        return (f"{self.throughput_img_s:,.0f} img/s on {self.device} x{self.world_size} | step "
+                f"{self.step_time_ms['median']:.1f} ms (p10 {self.step_time_ms['p10']:.1f}, p90 "
+                f"{self.step_time_ms['p90']:.1f}) | loss {self.loss[0]:.3f} -> {self.final_loss:.3f} | "
+                f"val acc {acc} | peak mem {mem}")
+
+    def __repr__(self) -> str:
+        return f"Result({self.summary()})"
+
+    def save(self, out_dir: str | os.PathLike) -> Path:
+        return atomic_write_text(Path(out_dir) / "result.json", json.dumps(asdict(self), indent=1))
+
+
+def load_result(out_dir: str | os.PathLike) -> Result:
+    path = Path(out_dir) / "result.json"
+    if not path.is_file():
+        raise UserError(f"no result.json in {str(out_dir)!r}: the run did not finish (see its log)")
+    return Result(**json.loads(path.read_text()))
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"CPU ({cpu}, {torch.get_num_threads()} threads)"
+
+
+def set_precision_flags(cfg: TrainConfig) -> None:
+    # cuDNN convolutions use TF32 by default on Ampere and newer; an honest fp32 baseline turns it off.
+    tf32 = cfg.precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark and cfg.parallel != "dp"
+
+
+def autocast(cfg: TrainConfig, device: torch.device):
+    if cfg.precision in ("bf16", "fp16"):
+        dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
+        return torch.autocast(device.type, dtype=dtype)
+    return nullcontext()
+
+
+def lr_lambda(cfg: TrainConfig, total_steps: int):
+    """Linear warm-up over warmup_steps, then constant or cosine decay to zero."""
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return f
+
+
+def percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def log(env: distributed.DistEnv, msg: str) -> None:
+    if env.is_main:
+        print(msg, flush=True)
+
+
+class Run:
+    """One training run: builds everything from the config, then `fit()`."""
+
+    def __init__(self, cfg: TrainConfig, env: distributed.DistEnv):
+        self.cfg, self.env, self.device = cfg, env, env.device
+        self.out = Path(cfg.out_dir)
+        self.batch = cfg.per_device_batch(env.world_size)
+        torch.manual_seed(cfg.seed)
+        set_precision_flags(cfg)
+        self.input = data.build_input(cfg, "train", env, self.batch)
+        self.steps_per_epoch = self.input.steps_per_epoch
+        self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
+        self.net = models.build(cfg.model, data.num_classes(cfg.dataset)).to(self.device)
+        if cfg.channels_last:
+            self.net = self.net.to(memory_format=torch.channels_last)
+        self.model = self.wrap(self.net)
+        self.opt = self.make_optimizer()
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg, self.total_steps))
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
+        self.step, self.losses, self.resumed_from = 0, [], None
+        self.stop_requested = False
+
+    def wrap(self, net: nn.Module) -> nn.Module:
+        cfg, env = self.cfg, self.env
+        model = net
+        if cfg.parallel == "ddp":
+            model = nn.parallel.DistributedDataParallel(
+                net, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                bucket_cap_mb=cfg.ddp_bucket_cap_mb, static_graph=cfg.ddp_static_graph,
+                gradient_as_bucket_view=cfg.ddp_gradient_as_bucket_view)
+        elif cfg.parallel == "dp":
+            n = torch.cuda.device_count() if self.device.type == "cuda" else 0
+            if n < 2:
+                log(env, f"note: parallel=dp with {n or 'no'} GPU{'s' if n != 1 else ''} visible: DataParallel has "
+                         "nothing to split and runs the model once per step, as parallel=none would")
+            model = nn.DataParallel(net)
+        if cfg.compile:
+            model = torch.compile(model, mode=cfg.compile_mode)
+        return model
+
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        cfg = self.cfg
+        if cfg.optimizer == "sgd":
+            return torch.optim.SGD(self.net.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                   weight_decay=cfg.weight_decay, nesterov=cfg.momentum > 0)
+        return torch.optim.AdamW(self.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    # ------------------------------------------------------------------ one step
+    def prepare(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = data.normalize(x.to(self.device, non_blocking=True), self.cfg.dataset)
+        if self.cfg.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y.to(self.device, non_blocking=True)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        nvtx = self.cfg.nvtx
+        with profiling.nvtx_range("forward", nvtx), autocast(self.cfg, self.device):
+            loss = F.cross_entropy(self.model(x), y)
+        self.opt.zero_grad(set_to_none=True)
+        with profiling.nvtx_range("backward", nvtx):
+            self.scaler.scale(loss).backward()
+        with profiling.nvtx_range("optimizer", nvtx):
+            self.scaler.step(self.opt)
+            self.scaler.update()
+            self.sched.step()
+        return loss.detach()
+
+    # ------------------------------------------------------------------ the loop
+    def batches(self):
+        """(x, y) on the device forever, epoch after epoch, starting where self.step says (resume)."""
+        epoch, start = divmod(self.step, self.steps_per_epoch)
+        while True:
+            for x, y in self.input.epoch(epoch, start):
+                with profiling.nvtx_range("h2d copy", self.cfg.nvtx):
+                    yield self.prepare(x, y)
+            epoch, start = epoch + 1, 0
+
+    def fit(self) -> Result:
+        cfg, env = self.cfg, self.env
+        t_start = time.perf_counter()
+        self.maybe_resume()
+        meter = StepMeter(self.device, skip=max(0, cfg.timing_warmup - self.step))
+        writer = self.tensorboard_writer()
+        pending: list[torch.Tensor] = []
+        progress = self.progress_bar()
+        old_handler = self.catch_preemption()
+        try:
+            with profiling.profiler(cfg, env) as prof:
+                batches = self.batches()
+                meter.start()
+                while self.step < self.total_steps:
+                    with profiling.nvtx_range("data wait", cfg.nvtx):
+                        t0 = time.perf_counter()
+                        x, y = next(batches)
+                        meter.data_wait(time.perf_counter() - t0)
+                    pending.append(self.train_step(x, y))
+                    self.step += 1
+                    meter.step_end()
+                    prof.step()
+                    progress.update(1)
+                    if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                        self.flush_losses(pending, writer, meter, progress)
+                        if distributed.any_rank(self.stop_requested, env):
+                            raise Preempted
+                    elif not env.distributed and self.stop_requested:
+                        self.flush_losses(pending, writer, meter, progress)
+                        raise Preempted
+                    if cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
+                        self.save_checkpoint()
+        except Preempted:
+            self.save_checkpoint()
+            log(env, f"preempted: checkpoint at step {self.step} in {self.out / 'checkpoint.pt'}; "
+                     "run the same command again to continue")
+            raise
+        finally:
+            progress.close()
+            self.restore_signal(old_handler)
+            if writer:
+                writer.close()
+        if cfg.ckpt_every:
+            self.save_checkpoint()
+        return self.finish(meter, time.perf_counter() - t_start)
+
+    def flush_losses(self, pending, writer, meter, progress) -> None:
+        if not pending:
+            return
+        values = torch.stack(pending).float().tolist()  # one device sync per log interval, not per step
+        pending.clear()
+        self.losses.extend(values)
+        progress.set_postfix(loss=f"{values[-1]:.3f}", refresh=False)
+        if not self.cfg.progress:
+            log(self.env, f"step {self.step}/{self.total_steps} loss {values[-1]:.4f}")
+        if writer:
+            writer.add_scalar("train/loss", sum(values) / len(values), self.step)
+            writer.add_scalar("train/lr", self.sched.get_last_lr()[0], self.step)
+            rate = meter.recent_rate(len(values))
+            if rate:
+                writer.add_scalar("perf/img_per_s", rate * self.batch * self.env.world_size, self.step)
+            if self.device.type == "cuda":
+                writer.add_scalar("perf/memory_mb", torch.cuda.max_memory_allocated(self.device) / 2**20, self.step)
+
+    def finish(self, meter: "StepMeter", wall: float) -> Result:
+        cfg, env = self.cfg, self.env
+        times = meter.step_times_ms()
+        median = statistics.median(times) if times else float("nan")
+        slowest = max(distributed.all_gather(median, env))  # the job runs at the pace of its slowest rank
+        accuracy = self.evaluate() if cfg.eval else None
+        checksums = distributed.all_gather(models.param_checksum(self.net), env)
+        peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None
+        result = Result(
+            config=cfg.to_dict(), device=device_name(self.device), world_size=env.world_size, steps=self.step,
+            global_batch=self.batch * env.world_size,
+            throughput_img_s=self.batch * env.world_size / (slowest / 1000) if times else 0.0,
+            step_time_ms={"median": median, "p10": percentile(times, 0.1) if times else median,
+                          "p90": percentile(times, 0.9) if times else median, "timed_steps": len(times),
+                          "slowest_rank_median": slowest},
+            data_wait_ms=statistics.median(meter.waits) * 1000 if meter.waits else 0.0,
+            loss=self.losses, final_loss=self.losses[-1] if self.losses else float("nan"),
+            val_accuracy=accuracy, peak_memory_mb=peak, param_checksums=checksums,
+            resumed_from_step=self.resumed_from, wall_time_s=wall)
+        if env.is_main:
+            result.save(self.out)
+        return result
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        self.model.eval()
+        loader = data.build_input(self.cfg, "val", self.env, self.batch)
+        correct = torch.zeros(2, device=self.device)
+        for x, y in loader.epoch(0, 0):
+            x, y = self.prepare(x, y)
+            with autocast(self.cfg, self.device):
+                pred = self.model(x).argmax(1)
+            correct += torch.stack([(pred == y).sum(), torch.tensor(len(y), device=self.device)]).float()
+        if self.env.distributed:
+            torch.distributed.all_reduce(correct)
+        self.model.train()
+        return (correct[0] / correct[1]).item()
+
+    # ------------------------------------------------------------------ around the loop
+    def tensorboard_writer(self):
+        if not (self.cfg.tensorboard and self.env.is_main):
+            return None
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(self.out / "tb"), purge_step=self.step if self.resumed_from else None)
+
+    def progress_bar(self):
+        from tqdm import tqdm
+
+        return tqdm(total=self.total_steps, initial=self.step, unit="step", desc=f"train {self.cfg.model}",
+                    disable=not (self.cfg.progress and self.env.is_main), mininterval=1.0, dynamic_ncols=True)
+
+    def catch_preemption(self):
+        def handler(signum, frame):
+            self.stop_requested = True
+        try:
+            return signal.signal(signal.SIGUSR1, handler)
+        except ValueError:  # not the main thread: signals can't be caught here
+            return None
+
+    @staticmethod
+    def restore_signal(old) -> None:
+        if old is not None:
+            signal.signal(signal.SIGUSR1, old)
+
+    def save_checkpoint(self) -> None:
+        if not self.env.is_main:
+            return
+        state = {"step": self.step, "model": self.net.state_dict(), "optimizer": self.opt.state_dict(),
+                 "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(),
+                 "losses": self.losses, "rng_cpu": torch.get_rng_state(), "config": self.cfg.to_dict(),
+                 "world_size": self.env.world_size}
+        if self.device.type == "cuda":
+            state["rng_cuda"] = torch.cuda.get_rng_state(self.device)
+        path = self.out / "checkpoint.pt"
+        tmp = path.with_name("checkpoint.pt.tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)  # a crash mid-write never leaves a half-written checkpoint
+
+    def maybe_resume(self) -> None:
+        path = self.out / "checkpoint.pt"
+        if not (self.cfg.resume and path.is_file()):
+            return
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        for key in ("model", "dataset", "optimizer", "batch_size", "global_batch_size", "precision"):
+            if state["config"].get(key) != getattr(self.cfg, key):
+                raise ConfigError(f"{path} holds a run with {key}={state['config'].get(key)!r}, not "
+                                  f"{getattr(self.cfg, key)!r}; use another out_dir, or resume=false to start afresh")
+        self.net.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["rng_cpu"])
+        if "rng_cuda" in state and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng_cuda"], self.device)
+        self.step, self.losses, self.resumed_from = state["step"], list(state["losses"]), state["step"]
+        log(self.env, f"resuming from step {self.step} of {path} (resume=false starts afresh)")
+
+
+class StepMeter:
+    """Per-step times without a device sync per step: CUDA events on the GPU, the host clock on CPU.
+    The first `skip` steps (warm-up: cuDNN autotuning, compilation, allocator growth) are left out."""
+
+    def __init__(self, device: torch.device, skip: int):
+        self.cuda = device.type == "cuda"
+        self.skip, self.marks, self.waits, self._recent = skip, [], [], []
+
+    def _mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self.marks = [self._mark()]
+        self._recent = [time.perf_counter()]
+
+    def step_end(self) -> None:
+        self.marks.append(self._mark())
+        self._recent.append(time.perf_counter())
+
+    def data_wait(self, seconds: float) -> None:
+        if len(self.marks) > self.skip:
+            self.waits.append(seconds)
+
+    def recent_rate(self, n: int) -> float | None:
+        """Steps per second over the last n steps (host clock; called right after a device sync)."""
+        if len(self._recent) <= n:
+            return None
+        return n / (self._recent[-1] - self._recent[-1 - n])
+
+    def step_times_ms(self) -> list[float]:
+        marks = self.marks[self.skip:]
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
+        return [(b - a) * 1000 for a, b in zip(marks, marks[1:])]
+
+
+def train(cfg: TrainConfig) -> Result:
+    """Train `cfg` in this process (single device, DataParallel, or one DDP rank under a launcher)."""
+    cfg.validate()
+    env = distributed.setup(cfg.parallel, cfg.device)
+    try:
+        cfg.check_runtime(env.device.type, env.world_size, env.launched)
+        Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
+        return Run(cfg, env).fit()
+    finally:
+        distributed.teardown(env)

@@ -1,0 +1,53 @@
+"""Models by name. No pretrained weights are ever loaded (clusters are often offline)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import ConfigError
+
+
+def resnet18(num_classes: int, stem: str = "cifar") -> nn.Module:
+    """torchvision's ResNet-18. The CIFAR stem (3x3 conv, stride 1, no max-pool) keeps 32x32 inputs at
+    32x32 in the first stage; the ImageNet stem (7x7 stride 2 + max-pool) shrinks them to 8x8 at once."""
+    import torchvision
+
+    model = torchvision.models.resnet18(weights=None, num_classes=num_classes)
+    if stem == "cifar":
+        model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        model.maxpool = nn.Identity()
+    return model
+
+
+class MnistCNN(nn.Module):
+    """The small CNN of the PyTorch MNIST example (two convolutions, dropout, two linear layers)."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.25))
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(9216, 128), nn.ReLU(), nn.Dropout(0.5), nn.Linear(128, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def build(name: str, num_classes: int) -> nn.Module:
+    if name == "resnet18":
+        return resnet18(num_classes, stem="cifar")
+    if name == "resnet18_imagenet":
+        return resnet18(num_classes, stem="imagenet")
+    if name == "mnist_cnn":
+        return MnistCNN(num_classes)
+    raise ConfigError(f"model={name!r} is not one of resnet18, resnet18_imagenet, mnist_cnn")
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def param_checksum(model: nn.Module) -> float:
+    """Sum of all parameters in float64: equal on every DDP rank when the replicas are in sync."""
+    with torch.no_grad():
+        return float(sum(p.detach().double().sum().item() for p in model.parameters()))
