@@ -1,0 +1,43 @@
+"""What every notebook's first cell calls: work from the workbook root, pick the sizes for this machine."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from . import ROOT
+
+
+@dataclass
+class Session:
+    device: str  # "cuda" or "cpu"
+    gpus: int
+    small: bool  # True: CPU-sized runs (CI, laptops); False: full sizes on a GPU
+
+    def pick(self, small, full):
+        """`small` on a CPU machine, `full` on a GPU: e.g. steps = s.pick(60, 2000)."""
+        return small if self.small else full
+
+
+def setup(quiet: bool = False) -> Session:
+    """chdir to the workbook root (so runs/, data/ and jobs/ are where the README says) and print a banner.
+
+    WORKBOOK_SIZE=small|full overrides the automatic choice (small without a GPU, full with one).
+    """
+    import torch
+
+    os.chdir(ROOT)
+    os.environ.setdefault("KINETO_LOG_LEVEL", "99")
+    gpus = torch.cuda.device_count()
+    size = os.environ.get("WORKBOOK_SIZE", "full" if gpus else "small")
+    if size not in ("small", "full"):
+        from .config import UserError
+
+        raise UserError(f"WORKBOOK_SIZE={size!r} is not one of small, full")
+    s = Session("cuda" if gpus else "cpu", gpus, size == "small")
+    if not quiet:
+        where = f"{gpus} GPU(s): {torch.cuda.get_device_name(0)}" if gpus else f"CPU only ({os.cpu_count()} cores)"
+        print(f"workbook ready | torch {torch.__version__} | {where} | sizes: {size}")
+        if s.small:
+            print("** SMALL SIZES: no GPU here, so runs are shortened to finish in seconds on a CPU. "
+                  "The numbers show the method, not GPU performance. **")
+    return s
