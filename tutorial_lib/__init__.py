@@ -14,6 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]  # the workbook checkout (notebooks/,
 __all__ = ["ConfigError", "ROOT", "TrainConfig", "UserError", "launch", "load", "load_result", "train"]
 
 
+SUBMODULES = ("bench", "config", "data", "distributed", "engine", "jobs", "models", "notebook", "profiling",
+              "report", "scaling", "tensorboard")
+
+
 def __getattr__(name):
     # torch is imported on first use, so `tutorial_lib.config` and `tutorial_lib.jobs` work without it
     if name in ("train", "load_result", "Result"):
@@ -24,9 +28,8 @@ def __getattr__(name):
         from .distributed import launch
 
         return launch
-    if name in ("data", "models", "distributed", "engine", "profiling", "tensorboard", "jobs", "env_report"):
+    if name in SUBMODULES:
         import importlib
 
-        return importlib.import_module(f".{name}", __name__) if name != "env_report" else \
-            importlib.import_module(".report", __name__).env_report
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'tutorial_lib' has no attribute {name!r}")
