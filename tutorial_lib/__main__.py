@@ -23,9 +23,9 @@ def _train(argv: list[str]) -> int:
     p.add_argument("--config", help="YAML file of TrainConfig fields")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     args = p.parse_args(argv)
+    cfg = load(args.config, args.overrides)  # bad input fails here, before torch is imported
     from . import engine
 
-    cfg = load(args.config, args.overrides)
     try:
         result = engine.train(cfg)
     except engine.Preempted:

@@ -99,12 +99,13 @@ def launch(cfg, nproc: int, extra_env: dict | None = None, timeout: float | None
     from .config import UserError
     from .engine import load_result
 
-    cfg = cfg.replace(parallel="ddp")
+    cfg = cfg.replace(parallel="ddp", progress=False)  # a progress bar can't stream through a pipe
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "tutorial_lib", "train", *cfg.to_overrides()]
     print("$ torchrun --standalone --nproc_per_node=%d -m tutorial_lib train %s"
           % (nproc, " ".join(cfg.to_overrides())), flush=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    threads = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) // nproc)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), **(extra_env or {})}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
     for line in proc.stdout:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import ROOT
 
@@ -27,6 +29,10 @@ def setup(quiet: bool = False) -> Session:
 
     os.chdir(ROOT)
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")
+    # for `%tensorboard`: the venv's bin/ on PATH, and on JupyterHub the proxy address for its iframe
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    if "JUPYTERHUB_SERVICE_PREFIX" in os.environ:
+        os.environ.setdefault("TENSORBOARD_PROXY_URL", os.environ["JUPYTERHUB_SERVICE_PREFIX"] + "proxy/%PORT%/")
     gpus = torch.cuda.device_count()
     size = os.environ.get("WORKBOOK_SIZE", "full" if gpus else "small")
     if size not in ("small", "full"):

@@ -1,0 +1,57 @@
+# The workbook's entry points. On a fresh machine: `make lab` or `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PORT ?= 8888
+
+.PHONY: help venv kernel lab workbook test data slurm-up slurm-down clean
+
+help:
+	@echo "make lab       set up the venv, register the kernel, start JupyterLab on 127.0.0.1"
+	@echo "make test      set up the venv, then every test (unit, notebooks, Slurm when root)"
+	@echo "make workbook  execute every notebook headless into build/notebooks"
+	@echo "make data      stage cifar10, cifar100, mnist (needs internet: a login node) and imagefolder"
+	@echo "make slurm-up / slurm-down   the local test cluster (root)"
+
+venv: $(STAMP)
+
+# Rebuilt when the lock or the package metadata changes.
+$(STAMP): requirements.lock pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || \
+		{ echo "error: $(PYTHON) is older than 3.10; run 'make PYTHON=python3.11 ...'"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	@touch $@
+
+kernel: venv
+	$(BIN)/python -m ipykernel install --user --name hpc-workbook --display-name "Python (HPC workbook)"
+
+lab: venv kernel
+	@echo "Starting JupyterLab on 127.0.0.1:$(PORT); open the URL with the token printed below."
+	@echo "On a cluster: ssh -L $(PORT):127.0.0.1:$(PORT) <login-node>, then open it locally."
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) --no-browser \
+		--ServerApp.root_dir=$(CURDIR)
+
+workbook: venv
+	$(BIN)/python scripts/run_notebooks.py --out build/notebooks notebooks/*.ipynb
+
+# Slurm tests need the local cluster, which needs root; otherwise they are skipped with the reason.
+test: venv
+	@if [ "$$(id -u)" = 0 ]; then bash scripts/slurm/local-cluster.sh up; \
+	else echo "not root: the local Slurm cluster is not started and the Slurm tests will be skipped"; fi
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest --nbval-lax --nbval-current-env tests notebooks
+
+data: venv
+	$(BIN)/python -m tutorial_lib data fetch cifar10 cifar100 mnist imagefolder
+
+slurm-up:
+	bash scripts/slurm/local-cluster.sh up
+
+slurm-down:
+	bash scripts/slurm/local-cluster.sh down
+
+clean:
+	rm -rf build runs .pytest_cache

@@ -1,0 +1,122 @@
+"""Start and stop TensorBoard from a notebook cell.
+
+It listens on 127.0.0.1 only (never --bind_all: on a shared login or compute node anyone could read your
+runs). On JupyterHub (JUPYTERHUB_SERVICE_PREFIX set) the link goes through jupyter-server-proxy,
+`<prefix>proxy/<port>/`, which is also what the inline view loads.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .config import UserError
+
+STATE = Path(os.environ.get("WORKBOOK_STATE_DIR", Path.home() / ".cache" / "tutorial_lib")) / "tensorboard.json"
+
+
+@dataclass
+class TensorBoard:
+    pid: int
+    port: int
+    logdir: str
+
+    @property
+    def local_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    @property
+    def url(self) -> str:
+        """The address to open in the browser: through the JupyterHub proxy when there is one."""
+        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX")
+        return f"{prefix.rstrip('/')}/proxy/{self.port}/" if prefix else self.local_url
+
+    def alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+            with urllib.request.urlopen(self.local_url + "data/logdir", timeout=2) as r:
+                return Path(json.load(r)["logdir"]).resolve() == Path(self.logdir).resolve()
+        except (OSError, ValueError, KeyError):
+            return False
+
+    def _repr_html_(self) -> str:
+        return (f'<p>TensorBoard (pid {self.pid}) for <code>{self.logdir}</code>: '
+                f'<a href="{self.url}" target="_blank">{self.url}</a></p>'
+                f'<iframe src="{self.url}" width="100%" height="600" frameborder="0"></iframe>')
+
+    def __repr__(self) -> str:
+        return f"TensorBoard for {self.logdir} at {self.url} (pid {self.pid})"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _records() -> list[TensorBoard]:
+    try:
+        return [TensorBoard(**r) for r in json.loads(STATE.read_text())]
+    except (OSError, ValueError, TypeError):
+        return []
+
+
+def _save(records: list[TensorBoard]) -> None:
+    STATE.parent.mkdir(parents=True, exist_ok=True)
+    STATE.write_text(json.dumps([asdict(r) for r in records]))
+
+
+def running() -> list[TensorBoard]:
+    """Live TensorBoards started by this workbook (stale records of dead ones are dropped)."""
+    live = [r for r in _records() if r.alive()]
+    _save(live)
+    return live
+
+
+def start(logdir: str | os.PathLike = "runs", port: int | None = None, timeout: float = 60) -> TensorBoard:
+    """Start TensorBoard on `logdir` (or reuse the live one already serving it) and return its handle.
+
+    Displayed as the last expression of a cell, the handle shows the link and the TensorBoard page inline.
+    """
+    logdir = str(Path(logdir).resolve())
+    Path(logdir).mkdir(parents=True, exist_ok=True)
+    for tb in running():
+        if tb.logdir == logdir:
+            return tb
+    port = port or _free_port()
+    cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1",
+           "--port", str(port), "--reload_interval", "5"]
+    log = open(Path(logdir) / ".tensorboard.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    tb = TensorBoard(proc.pid, port, logdir)
+    deadline = time.time() + timeout
+    while not tb.alive():
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            tail = (Path(logdir) / ".tensorboard.log").read_text()[-600:]
+            raise UserError(f"TensorBoard did not start on port {port} (exit code {proc.poll()}); "
+                            f"its log ends with:\n{tail}")
+        time.sleep(0.5)
+    _save([*_records(), tb])
+    return tb
+
+
+def stop(tb: TensorBoard | None = None) -> int:
+    """Stop `tb`, or every TensorBoard this workbook started. Returns how many were stopped."""
+    stopped = 0
+    for r in _records():
+        if tb is None or r.pid == tb.pid:
+            try:
+                os.killpg(r.pid, signal.SIGTERM)
+                stopped += 1
+            except OSError:
+                pass
+    _save([r for r in _records() if tb is not None and r.pid != tb.pid])
+    return stopped
