@@ -8,13 +8,15 @@ resumed from a checkpoint sees exactly the images the uninterrupted run would ha
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from .config import TrainConfig, UserError
 
@@ -89,13 +91,13 @@ def crop_flip(x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, pad: 
     the GPU-side augmentation both call this, so the same draws give the same pixels.
     """
     n, c, h, w = x.shape
-    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
-    rows = offsets[:, 0, None] + torch.arange(h, device=x.device)[None, :]  # (N, H)
-    cols = offsets[:, 1, None] + torch.arange(w, device=x.device)[None, :]  # (N, W)
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad)).flatten(2)  # (N, C, (H+2p)*(W+2p))
+    rows = offsets[:, 0, None] + torch.arange(h, device=x.device)  # (N, H)
+    cols = offsets[:, 1, None] + torch.arange(w, device=x.device)  # (N, W)
     cols = torch.where(flips[:, None], cols.flip(1), cols)
-    idx_n = torch.arange(n, device=x.device)[:, None, None]
-    out = padded.permute(0, 2, 3, 1)[idx_n, rows[:, :, None], cols[:, None, :]]  # (N, H, W, C)
-    return out.permute(0, 3, 1, 2).contiguous()
+    where = (rows[:, :, None] * (w + 2 * pad) + cols[:, None, :]).flatten(1)  # (N, H*W) positions in padded
+    # one gather: multi-tensor advanced indexing is slower, and on a busy CPU pathologically so
+    return padded.gather(2, where[:, None, :].expand(n, c, h * w)).view(n, c, h, w)
 
 
 def draw_augment(n: int, gen: torch.Generator, pad: int = 4, device: str | torch.device = "cpu"):
@@ -111,10 +113,17 @@ def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
 
 def normalize(x: torch.Tensor, dataset: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """uint8 (N, C, H, W) -> normalised float on x's device."""
-    _, _, _, mean, std = SPECS[dataset]
-    mean = torch.tensor(mean, device=x.device, dtype=dtype).view(1, -1, 1, 1)
-    std = torch.tensor(std, device=x.device, dtype=dtype).view(1, -1, 1, 1)
+    mean, std = _mean_std(dataset, x.device, dtype)
     return (x.to(dtype) / 255 - mean) / std
+
+
+@functools.lru_cache(maxsize=None)
+def _mean_std(dataset: str, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    # made once per device: building them from Python floats every step is a blocking host-to-device copy,
+    # which stalls the GPU once per step
+    _, _, _, mean, std = SPECS[dataset]
+    return (torch.tensor(mean, dtype=dtype).view(1, -1, 1, 1).to(device),
+            torch.tensor(std, dtype=dtype).view(1, -1, 1, 1).to(device))
 
 
 # ---------------------------------------------------------------------------- datasets
@@ -183,31 +192,38 @@ def torchvision_dataset(name: str, data_dir: str, train: bool, download: bool = 
     cls = getattr(torchvision.datasets, TORCHVISION[name])
     try:
         return cls(root=str(data_dir), train=train, download=download)
-    except RuntimeError as e:  # torchvision: "Dataset not found or corrupted. You can use download=True"
+    except RuntimeError:  # torchvision: "Dataset not found or corrupted. You can use download=True"
         raise DataNotFound(f"dataset {name!r} is not staged in {str(data_dir)!r}; on a login node with internet run "
-                           f"`make data` or `python -m tutorial_lib data fetch {name}` ({e})") from None
+                           f"`make data` or `python -m tutorial_lib data fetch {name}`") from None
 
 
 def fetch(name: str, data_dir: str = "data") -> Path:
-    """Download a torchvision dataset into data_dir (run on a login node that has internet)."""
+    """Stage a dataset in data_dir: download a torchvision one (on a login node with internet), or write
+    the imagefolder set of PNG files from the shapes generator (offline)."""
+    if name == "imagefolder":
+        from .imagefolder import write_imagefolder
+
+        return write_imagefolder(Path(data_dir) / "imagefolder")
     if name not in TORCHVISION:
-        raise UserError(f"cannot fetch {name!r}: one of {', '.join(TORCHVISION)} "
-                        "(shapes needs no download; imagefolder is made by `make data`)")
+        raise UserError(f"cannot fetch {name!r}: one of {', '.join([*TORCHVISION, 'imagefolder'])} "
+                        "(shapes is generated in memory and needs no staging)")
     for train in (True, False):
         torchvision_dataset(name, data_dir, train=train, download=True)
     return Path(data_dir)
 
 
 def staged(data_dir: str = "data") -> dict[str, bool]:
-    """Which torchvision datasets are present in data_dir (checked without loading them)."""
+    """Which datasets are present in data_dir (checked without loading them)."""
     marks = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "mnist": "MNIST/raw"}
-    return {name: (Path(data_dir) / mark).is_dir() for name, mark in marks.items()}
+    found = {name: (Path(data_dir) / mark).is_dir() for name, mark in marks.items()}
+    found["imagefolder"] = (Path(data_dir) / "imagefolder" / "manifest.json").is_file()
+    return found
 
 
 def subset(base, limit: int | None):
     if limit is None or limit >= len(base):
         return base
-    return torch.utils.data.Subset(base, range(limit))
+    return Subset(base, range(limit))
 
 
 # ---------------------------------------------------------------------------- loading
@@ -263,10 +279,14 @@ def steps_per_epoch(loader: DataLoader) -> int:
     return n // loader.batch_size if loader.drop_last else math.ceil(n / loader.batch_size)
 
 
+def cpus_per_task() -> int:
+    """CPUs this process may use: SLURM_CPUS_PER_TASK under Slurm, else the CPUs it is pinned to."""
+    return int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or len(os.sched_getaffinity(0))
+
+
 def default_workers() -> int:
-    """CPUs this process may use minus one for the training loop (SLURM_CPUS_PER_TASK when under Slurm)."""
-    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or len(os.sched_getaffinity(0))
-    return max(0, min(8, cpus - 1))
+    """DataLoader workers for this process: its CPUs minus one for the training loop, at most 8."""
+    return max(0, min(8, cpus_per_task() - 1))
 
 
 # ---------------------------------------------------------------------------- input pipelines
@@ -284,37 +304,116 @@ class LoaderInput:
 
 
 class CudaPrefetcher:
-    """Copies the next batch to the GPU on a side stream while the current step computes."""
+    """Starts copying batch k+1 to the GPU, on a side CUDA stream, before step k runs, so the copy overlaps
+    the step. The copy only runs asynchronously from pinned memory (pin_memory=true). On a CPU there is
+    nothing to overlap and it yields the loader's batches as they are."""
 
     def __init__(self, inner: LoaderInput, device: torch.device):
         self.inner, self.device = inner, device
         self.steps_per_epoch = inner.steps_per_epoch
-        self.stream = torch.cuda.Stream(device)
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def _load(self, it):
         try:
             x, y = next(it)
         except StopIteration:
             return None
-        with torch.cuda.stream(self.stream):
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def epoch(self, epoch: int, start_batch: int = 0):
         it = self.inner.epoch(epoch, start_batch)
         nxt = self._load(it)
         while nxt is not None:
-            torch.cuda.current_stream(self.device).wait_stream(self.stream)
             x, y = nxt
-            x.record_stream(torch.cuda.current_stream(self.device))  # keep the memory alive for this step
-            y.record_stream(torch.cuda.current_stream(self.device))
+            if self.stream is not None:
+                current = torch.cuda.current_stream(self.device)
+                current.wait_stream(self.stream)  # the step waits for its batch's copy, not for later ones
+                x.record_stream(current)  # keep the memory alive until the step is done with it
+                y.record_stream(current)
             nxt = self._load(it)
             yield x, y
 
 
+class DeviceResidentInput:
+    """The whole split as one uint8 tensor in device memory (CIFAR-sized sets: 150 MB), with batches
+    gathered and augmented there: no workers, no per-image Python, no host-to-device copy per step.
+
+    Shards like DistributedSampler (each rank gets the indices loader=dataloader would give it) and starts
+    at any batch (resume). Augmentation is `crop_flip`, the function the CPU loader calls, on draws from a
+    device generator seeded by (seed, epoch, rank, batch), so a resumed run sees the same pixels.
+    """
+
+    def __init__(self, cfg: TrainConfig, split: str, env, batch_size: int):
+        train = split == "train"
+        base = subset(base_dataset(cfg, split), cfg.train_size if train else cfg.val_size)
+        if train and len(base) < batch_size * env.world_size:
+            raise UserError(f"train_size={len(base)} is smaller than one global batch ({batch_size} x "
+                            f"{env.world_size} ranks); raise train_size or lower batch_size")
+        images, labels = stack_images(base)
+        check_fits(images, env.device, split)
+        self.device, self.rank, self.seed, self.batch = env.device, env.rank, cfg.seed, batch_size
+        self.images, self.labels = images.to(env.device), labels.to(env.device)
+        self.augment = train and cfg.augment and cfg.dataset != "mnist"
+        self.sampler = EpochSampler(base, env.world_size, env.rank, shuffle=train, seed=cfg.seed, drop_last=train)
+        n = self.sampler.num_samples
+        self.steps_per_epoch = n // batch_size if train else math.ceil(n / batch_size)
+        self.generator = torch.Generator(device=env.device)
+
+    def order(self, epoch: int) -> torch.Tensor:
+        """This rank's sample indices for `epoch`, on the device (one small copy per epoch)."""
+        self.sampler.set_epoch(epoch)
+        self.sampler.start = 0
+        order = torch.tensor([i for i, _ in self.sampler])
+        if self.device.type == "cuda":
+            return order.pin_memory().to(self.device, non_blocking=True)  # no host-device sync
+        return order
+
+    def epoch(self, epoch: int, start_batch: int = 0):
+        order = self.order(epoch)
+        for b in range(start_batch, self.steps_per_epoch):
+            idx = order[b * self.batch:(b + 1) * self.batch]
+            x, y = self.images[idx], self.labels[idx]
+            if self.augment:
+                self.generator.manual_seed(batch_seed(self.seed, epoch, self.rank, b))
+                offsets, flips = draw_augment(len(idx), self.generator, device=self.device)
+                x = crop_flip(x, offsets, flips)
+            yield x, y
+
+
+def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
+    return (((seed * 1_000_003 + epoch) * 10_000_019 + rank) * 1_000_033 + batch) % 2**63
+
+
+def stack_images(base) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every (image, label) of `base` as one uint8 (N, C, H, W) tensor and int64 labels, in index order."""
+    if isinstance(base, ArrayImages):
+        return base.images.contiguous(), base.labels.long()
+    if isinstance(base, Subset) and isinstance(base.dataset, ArrayImages):
+        idx = torch.as_tensor(list(base.indices))
+        return base.dataset.images[idx].contiguous(), base.dataset.labels[idx].long()
+    pairs = [base[i] for i in range(len(base))]  # decodes every image once: seconds for 50,000 small ones
+    return torch.stack([x for x, _ in pairs]), torch.tensor([y for _, y in pairs], dtype=torch.long)
+
+
+def check_fits(images: torch.Tensor, device: torch.device, split: str) -> None:
+    """loader=gpu_resident keeps the images on the GPU; refuse when they would take half of its free memory."""
+    if device.type != "cuda":
+        return
+    free, _ = torch.cuda.mem_get_info(device)
+    need = images.numel() * images.element_size()
+    if need > free / 2:
+        raise UserError(f"loader=gpu_resident needs {need / 2**20:,.0f} MB of GPU memory for the {split} images "
+                        f"but {free / 2**20:,.0f} MB are free; use loader=dataloader (or loader=prefetcher), "
+                        "or limit train_size")
+
+
 def build_input(cfg: TrainConfig, split: str, env, batch_size: int):
     """The input pipeline named by cfg.loader for this rank (env: a distributed.DistEnv)."""
+    if cfg.loader == "gpu_resident":
+        return DeviceResidentInput(cfg, split, env, batch_size)
     pin = cfg.pin_memory and env.device.type == "cuda"  # pinning without a GPU only costs time
     inp = LoaderInput(build_loader(cfg, split, env.rank, env.world_size, batch_size, pin_memory=pin))
-    if cfg.loader == "prefetcher" and env.device.type == "cuda":
+    if cfg.loader == "prefetcher":
         return CudaPrefetcher(inp, env.device)
     return inp

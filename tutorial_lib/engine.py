@@ -134,6 +134,7 @@ class Run:
     def __init__(self, cfg: TrainConfig, env: distributed.DistEnv):
         self.cfg, self.env, self.device = cfg, env, env.device
         self.out = Path(cfg.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
         self.batch = cfg.per_device_batch(env.world_size)
         torch.manual_seed(cfg.seed)
         set_precision_flags(cfg)
@@ -202,7 +203,8 @@ class Run:
         while True:
             for x, y in self.input.epoch(epoch, start):
                 with profiling.nvtx_range("h2d copy", self.cfg.nvtx):
-                    yield self.prepare(x, y)
+                    batch = self.prepare(x, y)
+                yield batch  # outside the range: one left open across the yield would cover the whole step
             epoch, start = epoch + 1, 0
 
     def fit(self) -> Result:
@@ -415,7 +417,6 @@ def train(cfg: TrainConfig) -> Result:
     env = distributed.setup(cfg.parallel, cfg.device)
     try:
         cfg.check_runtime(env.device.type, env.world_size, env.launched)
-        Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
         return Run(cfg, env).fit()
     finally:
         distributed.teardown(env)

@@ -1,0 +1,33 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("KINETO_LOG_LEVEL", "99")
+os.environ.setdefault("WORKBOOK_STATE_DIR", str(ROOT / "build" / "test-state"))
+
+
+def tiny(out_dir, **kw):
+    """A config that trains in seconds on a 2-core CPU."""
+    from tutorial_lib.config import TrainConfig
+
+    base = dict(dataset="shapes", model="resnet18_imagenet", batch_size=16, steps=6, train_size=256, val_size=64,
+                device="cpu", num_workers=0, progress=False, tensorboard=False, out_dir=str(out_dir), log_every=2,
+                timing_warmup=1)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.fixture
+def tiny_cfg(tmp_path):
+    return lambda **kw: tiny(kw.pop("out_dir", tmp_path / "run"), **kw)
+
+
+def cli(*args, env=None, timeout=300, cwd=None):
+    """Run `python -m tutorial_lib ...`; returns the CompletedProcess."""
+    import subprocess
+
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "tutorial_lib", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=cwd)

@@ -1,0 +1,36 @@
+"""DDP through torchrun on CPU/gloo: the replicas stay identical."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def torchrun(nproc, out_dir, *extra):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "tutorial_lib", "train", "dataset=shapes", "model=resnet18_imagenet", "steps=6", "batch_size=16",
+           "train_size=256", "val_size=64", "device=cpu", "num_workers=0", "progress=false", "parallel=ddp",
+           f"out_dir={out_dir}", *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return json.loads((out_dir / "result.json").read_text())
+
+
+def test_two_ranks_end_with_identical_parameters(tmp_path):
+    r = torchrun(2, tmp_path / "ddp2")
+    assert r["world_size"] == 2 and r["global_batch"] == 32
+    assert len(r["param_checksums"]) == 2
+    assert r["param_checksums"][0] == r["param_checksums"][1]
+
+
+def test_global_batch_size_is_split_over_ranks(tmp_path):
+    r = torchrun(2, tmp_path / "gb", "global_batch_size=24")
+    assert r["global_batch"] == 24 and r["config"]["global_batch_size"] == 24
+
+
+@pytest.mark.parametrize("nproc", [1])
+def test_ddp_with_one_process_is_valid(tmp_path, nproc):
+    r = torchrun(nproc, tmp_path / "ddp1")
+    assert r["world_size"] == 1

@@ -1,0 +1,58 @@
+"""TensorBoard from a cell: 127.0.0.1 only, reuse of a live instance, stale records ignored."""
+import json
+import os
+import socket
+import urllib.request
+
+import pytest
+
+from tutorial_lib import tensorboard
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    monkeypatch.setattr(tensorboard, "STATE", tmp_path / "state.json")
+    yield tmp_path
+    tensorboard.stop()
+
+
+def write_scalars(logdir):
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(logdir / "run1" / "tb")) as w:
+        for i in range(3):
+            w.add_scalar("train/loss", 1.0 / (i + 1), i)
+
+
+def test_start_lists_runs_reuses_and_stops(state, tmp_path):
+    logdir = tmp_path / "runs"
+    write_scalars(logdir)
+    tb = tensorboard.start(logdir)
+    assert tb.alive()
+    with urllib.request.urlopen(tb.local_url + "data/runs", timeout=10) as r:
+        assert "run1/tb" in json.load(r)
+    assert tensorboard.start(logdir).pid == tb.pid  # reused, not a second server
+    # bound to loopback only: the port is not reachable on another local address
+    ip = socket.gethostbyname(socket.gethostname())
+    if not ip.startswith("127."):
+        with pytest.raises(OSError):
+            socket.create_connection((ip, tb.port), timeout=2)
+    assert tensorboard.stop(tb) == 1
+    assert tensorboard.running() == []
+
+
+def test_stale_record_is_ignored(state, tmp_path):
+    dead = tensorboard.TensorBoard(pid=2**22 + 12345, port=1, logdir=str((tmp_path / "runs").resolve()))
+    tensorboard._save([dead])
+    tb = tensorboard.start(tmp_path / "runs")
+    assert tb.pid != dead.pid and tb.alive()
+    assert [r.pid for r in tensorboard.running()] == [tb.pid]
+
+
+def test_jupyterhub_link_goes_through_the_proxy(monkeypatch):
+    tb = tensorboard.TensorBoard(pid=1, port=6006, logdir="/x")
+    monkeypatch.delenv("JUPYTERHUB_SERVICE_PREFIX", raising=False)
+    assert tb.url == "http://127.0.0.1:6006/"
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/ada/")
+    assert tb.url == "/user/ada/proxy/6006/"
+    assert 'src="/user/ada/proxy/6006/"' in tb._repr_html_()
