@@ -1,11 +1,21 @@
-"""torch.profiler set-up for the training loop, and NVTX ranges for Nsight Systems."""
+"""Profiling a training run: torch.profiler traces, phase labels (NVTX for Nsight Systems), line_profiler
+reports that print into the cell, and (in trace_summary) an offline summary of a trace.
+
+    cfg = tl.TrainConfig(..., profile=True)           # the engine records <out_dir>/tb/profile/rank<N>.*.json.gz
+    tl.profiling.summarize(cfg.out_dir)                # where each step's time goes, as tables; .plot() draws it
+    tl.profiling.line_profile(tl.engine.Run.train_step, tl.train, cfg)   # time per line of Python
+"""
 from __future__ import annotations
 
+import io
 import os
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .trace_summary import Summary, TraceSummary, find_traces, summarize  # noqa: F401  (re-exported)
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # keep the profiler's C++ log lines out of the cells
 
@@ -20,28 +30,104 @@ def trace_dir(out_dir: str | os.PathLike) -> Path:
     return Path(out_dir) / "tb" / "profile"
 
 
+def activities(device: torch.device | str) -> list:
+    """What torch.profiler records on `device`: host operators always, GPU kernels and copies on CUDA."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    return acts
+
+
 @contextmanager
 def profiler(cfg, env):
     """A torch.profiler.profile configured from cfg (profile=true), one gzipped trace per rank;
-    otherwise an object whose step() does nothing."""
+    otherwise an object whose step() does nothing.
+
+    The schedule skips `profile_wait` steps, warms up for `profile_warmup` (recorded, then thrown away: the
+    first recorded steps carry the profiler's own start-up cost), records `profile_active`, and does that
+    `profile_repeat` times; each cycle writes one file, rank<N>.<timestamp>.pt.trace.json.gz.
+    """
     if not cfg.profile:
         yield _NoProfiler()
         return
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if env.device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
     schedule = torch.profiler.schedule(wait=cfg.profile_wait, warmup=cfg.profile_warmup,
                                        active=cfg.profile_active, repeat=cfg.profile_repeat)
     handler = torch.profiler.tensorboard_trace_handler(
         str(trace_dir(cfg.out_dir)), worker_name=f"rank{env.rank}", use_gzip=True)
-    with torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=handler,
+    with torch.profiler.profile(activities=activities(env.device), schedule=schedule, on_trace_ready=handler,
                                 record_shapes=cfg.profile_record_shapes, profile_memory=cfg.profile_memory,
                                 with_stack=cfg.profile_with_stack) as prof:
         yield prof
 
 
+def _profiler_recording() -> bool:
+    return bool(getattr(torch.autograd, "_profiler_enabled", lambda: False)())
+
+
 def nvtx_range(name: str, enabled: bool):
-    """An NVTX range (seen by `nsys profile --trace=cuda,nvtx`) when enabled and CUDA is present."""
+    """Label a phase of the step ("data wait", "forward", ...).
+
+    An NVTX range (seen by `nsys profile --trace=cuda,nvtx`) when `enabled` and CUDA is present; and, while
+    torch.profiler records, a record_function range of the same name, which summarize() uses to split the
+    step. Both cost nothing when off.
+    """
+    stack = ExitStack()
     if enabled and torch.cuda.is_available():
-        return torch.cuda.nvtx.range(name)
-    return nullcontext()
+        stack.enter_context(torch.cuda.nvtx.range(name))
+    if _profiler_recording():
+        stack.enter_context(torch.profiler.record_function(name))
+    return stack
+
+
+# ---------------------------------------------------------------------- line_profiler, into the cell
+@dataclass
+class LineReport:
+    """line_profiler's per-line report. Shown as text when it is the last value of a cell (plain `%lprun`
+    sends it to a pager, where nothing is kept)."""
+    text: str
+    timings: dict  # (file, first line, function name) -> [(line number, hits, time in s)]
+    result: object = None  # what the profiled call returned
+
+    def hits(self, source_fragment: str) -> int:
+        """How often the profiled line containing `source_fragment` ran (0 if no such line ran)."""
+        for (filename, _, _), lines in self.timings.items():
+            source = _source_lines(filename)
+            for lineno, nhits, _ in lines:
+                if 0 < lineno <= len(source) and source_fragment in source[lineno - 1]:
+                    return nhits
+        return 0
+
+    def __str__(self) -> str:
+        return self.text
+
+    __repr__ = __str__
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(self.text)
+
+
+def _source_lines(filename: str) -> list[str]:
+    import linecache
+
+    return linecache.getlines(filename)
+
+
+def line_profile(functions, call, *args, **kwargs) -> LineReport:
+    """Time every line of `functions` (one or a list; plain functions or methods such as
+    tl.engine.Run.train_step) while `call(*args, **kwargs)` runs; returns the report, which prints in the cell.
+
+    On a GPU the lines that launch kernels return before the kernels finish, so a line's time is its launch
+    cost; the GPU's work shows up on the first line that waits for it (`.item()`, `.tolist()`, a copy to the host).
+    """
+    from line_profiler import LineProfiler
+
+    lp = LineProfiler()
+    for f in functions if isinstance(functions, (list, tuple)) else [functions]:
+        lp.add_function(getattr(f, "__func__", f))
+    result = lp.runcall(call, *args, **kwargs)
+    stats = lp.get_stats()
+    buf = io.StringIO()
+    lp.print_stats(stream=buf, output_unit=1e-3, stripzeros=True)
+    text = buf.getvalue().replace("Timer unit: 0.001 s", "Time and Per Hit in ms (host clock)")
+    timings = {k: list(v) for k, v in stats.timings.items()}
+    return LineReport(text.strip() + "\n", timings, result)

@@ -1,0 +1,183 @@
+"""Profiling: traces per rank, the offline summary (CPU, GPU, DDP), TensorBoard's profiler plugin, line_profiler."""
+import gzip
+import json
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny
+from tutorial_lib import engine, profiling, tensorboard
+from tutorial_lib.config import UserError
+from tutorial_lib.trace_summary import PARTS, summarize
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GPU_FIXTURE = FIXTURES / "gpu_resnet18_bf16.pt.trace.json.gz"
+TOLERANCE = 0.01  # the parts of a step add up to the step time within 1%
+PROFILE = dict(profile=True, profile_wait=1, profile_warmup=1, profile_active=2, steps=5, eval=False)
+
+
+def assert_parts_add_up(summary):
+    for step in summary.steps:
+        assert step.step_ms > 0
+        assert sum(step.parts_ms.values()) == pytest.approx(step.step_ms, rel=TOLERANCE), step
+        assert all(v >= 0 for v in step.parts_ms.values()), step
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    """A short single-process CPU run with profile=true (trained once for the tests below)."""
+    out = tmp_path_factory.mktemp("prof") / "cpu"
+    engine.train(tiny(out, tensorboard=True, **PROFILE))
+    return out
+
+
+def test_profile_true_writes_one_gzipped_trace_for_the_rank(cpu_run):
+    files = list(profiling.trace_dir(cpu_run).iterdir())
+    assert [f.name.split(".")[0] for f in files] == ["rank0"] and files[0].name.endswith(".pt.trace.json.gz")
+    events = json.load(gzip.open(files[0]))["traceEvents"]
+    steps = [e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")]
+    assert steps == ["ProfilerStep#2", "ProfilerStep#3"]  # wait 1 + warmup 1, then 2 recorded steps
+
+
+def test_cpu_trace_summary_splits_each_step_into_parts_that_add_up(cpu_run):
+    s = summarize(cpu_run)
+    assert len(s) == 1 and s[0].worker == "rank0" and s[0].view == "host" and s[0].device == "CPU"
+    assert len(s[0].steps) == 2
+    assert_parts_add_up(s[0])
+    parts = s[0].parts_ms
+    # the engine's phase labels reached the trace: each phase of the step is found
+    assert parts["compute"] > 0 and parts["optimizer"] > 0 and parts["copy"] > 0 and parts["data"] > 0
+    assert s[0].top_kernels == [] and "no GPU kernels" in s[0].kernels_table()
+    assert s[0].top_ops[0]["self_cpu_ms"] > 0 and s[0].top_ops[0]["name"].startswith("aten::")
+    text = str(s)
+    assert "ms/step" in text and "CPU" in text and "compute (fwd + bwd)" in text
+
+
+def test_summary_figure_has_one_bar_per_step_and_part(cpu_run):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    fig = summarize(cpu_run).plot()
+    left = fig.axes[0]
+    assert len(left.patches) == 2 * len(PARTS)
+    matplotlib.pyplot.close(fig)
+
+
+def test_tensorboard_lists_the_run_in_the_profiler_plugin(cpu_run):
+    tb = tensorboard.start(cpu_run.parent, timeout=90)
+    try:
+        run = f"{cpu_run.name}/tb/profile"
+        deadline, runs = time.time() + 90, {}
+        while time.time() < deadline:
+            runs = get_json(tb.local_url + "data/plugin/pytorch_profiler/runs")
+            if run in runs["runs"] and not runs["loading"]:
+                break
+            time.sleep(1)
+        assert run in runs["runs"], runs
+        views = get_json(tb.local_url + "data/plugin/pytorch_profiler/views?" + urllib.parse.urlencode({"run": run}))
+        assert "Overview" in views
+    finally:
+        tensorboard.stop(tb)
+
+
+def get_json(url):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.load(r)
+
+
+def test_ddp_run_writes_a_trace_per_rank_summarised_side_by_side(tmp_path):
+    from tutorial_lib.distributed import launch
+
+    launch(tiny(tmp_path / "ddp", **PROFILE), nproc=2, timeout=240)
+    s = summarize(tmp_path / "ddp")
+    assert [t.worker for t in s] == ["rank0", "rank1"]
+    for t in s:
+        assert_parts_add_up(t)
+        assert t.parts_ms["comm"] > 0  # gloo all-reduce of the gradients
+    table = s.side_by_side()
+    assert "rank0" in table and "rank1" in table and "communication" in table
+
+
+def test_summarize_names_the_fix_when_there_is_no_trace(tmp_path):
+    with pytest.raises(UserError, match="profile=true"):
+        summarize(tmp_path)
+
+
+def test_line_profile_reports_the_training_steps_lines_with_hit_counts(tmp_path):
+    report = profiling.line_profile(engine.Run.train_step, engine.train, tiny(tmp_path / "lp", steps=3, eval=False))
+    assert isinstance(report.result, engine.Result)
+    assert report.hits("self.scaler.scale(loss).backward()") == 3
+    assert report.hits("loss = F.cross_entropy(self.model(x), y)") == 3
+    assert "self.scaler.scale(loss).backward()" in str(report) and "Hits" in str(report)
+
+
+# ---------------------------------------------------------------------- GPU traces
+def synthetic_gpu_trace(path):
+    """One 100 us step with known answers: host phases, kernels on two streams, an NCCL all-reduce that
+    overlaps backward and the optimizer, a host-to-device copy. Timestamps in microseconds."""
+    host = dict(pid=100, tid=1)
+    autograd = dict(pid=100, tid=2)
+    gpu, side = dict(pid=0, tid=7), dict(pid=0, tid=8)
+
+    def x(cat, name, ts, dur, where, **args):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, **where, "args": args}
+
+    events = [
+        x("user_annotation", "ProfilerStep#1", 0, 100, host),
+        x("user_annotation", "data wait", 0, 20, host), x("user_annotation", "h2d copy", 15, 5, host),
+        x("user_annotation", "forward", 20, 20, host), x("user_annotation", "backward", 40, 30, host),
+        x("user_annotation", "optimizer", 70, 20, host),
+        x("cpu_op", "aten::to", 15, 3, host), x("cuda_runtime", "cudaMemcpyAsync", 16, 1, host, correlation=1),
+        x("cpu_op", "aten::convolution", 22, 8, host), x("cuda_runtime", "cudaLaunchKernel", 23, 1, host, correlation=2),
+        x("cpu_op", "aten::convolution_backward", 42, 18, autograd),
+        x("cuda_runtime", "cudaLaunchKernel", 43, 1, autograd, correlation=3),
+        x("cpu_op", "record_param_comms", 62, 1, autograd),
+        x("cuda_runtime", "cudaLaunchKernel", 62.5, 0.2, autograd, correlation=4),
+        x("cpu_op", "aten::_foreach_add_", 72, 8, host), x("cuda_runtime", "cudaLaunchKernel", 73, 1, host, correlation=5),
+        x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 17, 2, gpu, correlation=1, device=0),
+        x("kernel", "void conv_fwd<float>(float*)", 24, 14, gpu, correlation=2, device=0),
+        x("kernel", "void conv_bwd<float>(float*)", 44, 22, gpu, correlation=3, device=0),
+        x("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 63, 12, side,
+          correlation=4, device=0),
+        x("kernel", "void multi_tensor_apply_kernel<Adam>()", 74, 11, gpu, correlation=5, device=0),
+        {"ph": "i", "name": "[memory]", "pid": 100, "tid": 1, "ts": 30, "s": "t",
+         "args": {"Total Allocated": 3 * 2**20, "Device Type": 1, "Device Id": 0}},
+    ]
+    with gzip.open(path, "wt") as f:
+        json.dump({"deviceProperties": [{"id": 0, "name": "Fake GPU"}], "traceEvents": events}, f)
+    return path
+
+
+def test_gpu_view_of_a_synthetic_trace_gives_the_known_parts(tmp_path):
+    s = summarize(synthetic_gpu_trace(tmp_path / "rank0.1.pt.trace.json.gz"))[0]
+    assert (s.view, s.device, s.peak_memory_mb) == ("gpu", "Fake GPU", {"GPU 0": 3.0})
+    us = {p: round(v * 1000, 6) for p, v in s.parts_ms.items()}
+    # compute: the two convolution kernels; optimizer: the Adam kernel; copy: the memcpy; comm: the part of
+    # the all-reduce hidden by neither (66-74); data: GPU idle while the host fetched (0-17, 19-20); idle: rest
+    assert us == {"compute": 36, "optimizer": 11, "copy": 2, "comm": 8, "data": 18, "idle": 25}
+    assert [k["name"] for k in s.top_kernels][:2] == ["void conv_bwd<float>(float*)",
+                                                     "void conv_fwd<float>(float*)"]
+    assert s.top_ops[0]["name"] == "aten::convolution_backward" and s.top_ops[0]["device_ms"] == pytest.approx(0.022)
+
+
+def test_host_view_of_a_synthetic_trace_gives_the_known_parts(tmp_path):
+    s = summarize(synthetic_gpu_trace(tmp_path / "rank0.1.pt.trace.json.gz"), view="host")[0]
+    us = {p: round(v * 1000, 6) for p, v in s.parts_ms.items()}
+    # copy 15-20, data 0-15, optimizer 70-90, comm 62-63 (the thread ran no operator), compute the rest of
+    # forward and backward, idle 90-100
+    assert us == {"copy": 5, "data": 15, "optimizer": 20, "comm": 1, "compute": 49, "idle": 10}
+
+
+def test_recorded_gpu_trace_summary(tmp_path):
+    if not GPU_FIXTURE.exists():
+        pytest.skip("fixture not recorded yet: scripts/gpu/profiling.sh records it on a GPU")
+    s = summarize(GPU_FIXTURE)[0]
+    assert s.view == "gpu" and s.steps
+    assert_parts_add_up(s)
+    assert s.parts_ms["compute"] > 0 and s.top_kernels and s.top_kernels[0]["ms"] > 0
+    assert any("GPU" in d for d in s.peak_memory_mb) or not s.peak_memory_mb
+    host = summarize(GPU_FIXTURE, view="host")[0]
+    assert_parts_add_up(host)
