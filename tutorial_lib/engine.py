@@ -11,6 +11,7 @@ import os
 import platform
 import signal
 import statistics
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -260,7 +261,7 @@ class Run:
         pending.clear()
         self.losses.extend(values)
         progress.set_postfix(loss=f"{values[-1]:.3f}", refresh=False)
-        if not self.cfg.progress:
+        if progress.disable:  # batch logs and pipes get a line per log interval instead of a bar
             log(self.env, f"step {self.step}/{self.total_steps} loss {values[-1]:.4f}")
         if writer:
             writer.add_scalar("train/loss", sum(values) / len(values), self.step)
@@ -320,8 +321,10 @@ class Run:
     def progress_bar(self):
         from tqdm import tqdm
 
+        interactive = sys.stdout.isatty() or "ipykernel" in sys.modules  # a bar in a Slurm log is noise
         return tqdm(total=self.total_steps, initial=self.step, unit="step", desc=f"train {self.cfg.model}",
-                    disable=not (self.cfg.progress and self.env.is_main), mininterval=1.0, dynamic_ncols=True)
+                    disable=not (self.cfg.progress and interactive and self.env.is_main), mininterval=1.0,
+                    file=sys.stdout, dynamic_ncols=True)
 
     def catch_preemption(self):
         def handler(signum, frame):

@@ -46,13 +46,19 @@ class TensorBoard:
         except (OSError, ValueError, KeyError):
             return False
 
+    @property
+    def shown_logdir(self) -> str:
+        """The logdir relative to the working directory when it lies below it (no machine paths in outputs)."""
+        rel = os.path.relpath(self.logdir)
+        return self.logdir if rel.startswith("..") else rel
+
     def _repr_html_(self) -> str:
-        return (f'<p>TensorBoard (pid {self.pid}) for <code>{self.logdir}</code>: '
+        return (f'<p>TensorBoard (pid {self.pid}) for <code>{self.shown_logdir}</code>: '
                 f'<a href="{self.url}" target="_blank">{self.url}</a></p>'
                 f'<iframe src="{self.url}" width="100%" height="600" frameborder="0"></iframe>')
 
     def __repr__(self) -> str:
-        return f"TensorBoard for {self.logdir} at {self.url} (pid {self.pid})"
+        return f"TensorBoard for {self.shown_logdir} at {self.url} (pid {self.pid})"
 
 
 def _free_port() -> int:
