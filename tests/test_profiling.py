@@ -1,9 +1,6 @@
 """Profiling: traces per rank, the offline summary (CPU, GPU, DDP), TensorBoard's profiler plugin, line_profiler."""
 import gzip
 import json
-import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -69,23 +66,18 @@ def test_summary_figure_has_one_bar_per_step_and_part(cpu_run):
 def test_tensorboard_lists_the_run_in_the_profiler_plugin(cpu_run):
     tb = tensorboard.start(cpu_run.parent, timeout=90)
     try:
-        run = f"{cpu_run.name}/tb/profile"
-        deadline, runs = time.time() + 90, {}
-        while time.time() < deadline:
-            runs = get_json(tb.local_url + "data/plugin/pytorch_profiler/runs")
-            if run in runs["runs"] and not runs["loading"]:
-                break
-            time.sleep(1)
-        assert run in runs["runs"], runs
-        views = get_json(tb.local_url + "data/plugin/pytorch_profiler/views?" + urllib.parse.urlencode({"run": run}))
-        assert "Overview" in views
+        runs = profiling.profiler_runs(tb, timeout=90)
     finally:
         tensorboard.stop(tb)
+    assert "Overview" in runs[f"{cpu_run.name}/tb/profile"], runs
 
 
-def get_json(url):
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.load(r)
+def test_too_few_steps_for_the_profiler_schedule_names_the_fix(tmp_path):
+    from tutorial_lib.distributed import DistEnv
+
+    with pytest.raises(UserError, match="use steps=4 or more"):
+        with profiling.profiler(tiny(tmp_path / "short", **{**PROFILE, "steps": 3}), DistEnv()):
+            pass
 
 
 def test_ddp_run_writes_a_trace_per_rank_summarised_side_by_side(tmp_path):

@@ -50,6 +50,14 @@ def profiler(cfg, env):
     if not cfg.profile:
         yield _NoProfiler()
         return
+    needed = cfg.profile_wait + cfg.profile_warmup + cfg.profile_active
+    if cfg.steps is not None and cfg.steps < needed:
+        from .config import ConfigError
+
+        raise ConfigError(f"profile=true records steps {needed - cfg.profile_active + 1}-{needed} (profile_wait="
+                          f"{cfg.profile_wait} + profile_warmup={cfg.profile_warmup} + profile_active="
+                          f"{cfg.profile_active}) but steps={cfg.steps}; use steps={needed} or more, or fewer "
+                          "profile_wait/profile_active steps")
     schedule = torch.profiler.schedule(wait=cfg.profile_wait, warmup=cfg.profile_warmup,
                                        active=cfg.profile_active, repeat=cfg.profile_repeat)
     handler = torch.profiler.tensorboard_trace_handler(
@@ -58,6 +66,28 @@ def profiler(cfg, env):
                                 record_shapes=cfg.profile_record_shapes, profile_memory=cfg.profile_memory,
                                 with_stack=cfg.profile_with_stack) as prof:
         yield prof
+
+
+def profiler_runs(board, timeout: float = 60) -> dict[str, list[str]]:
+    """The runs TensorBoard's PyTorch Profiler plugin lists, each with its views ("Overview", "Trace", ...).
+
+    `board` is a tl.tensorboard handle. The plugin reads traces in the background: this waits until it is done
+    loading (at most `timeout` seconds)."""
+    import json
+    import time
+    import urllib.parse
+    import urllib.request
+
+    def get(path):
+        with urllib.request.urlopen(board.local_url + "data/plugin/pytorch_profiler/" + path, timeout=10) as r:
+            return json.load(r)
+
+    deadline = time.time() + timeout
+    listing = get("runs")
+    while (listing["loading"] or not listing["runs"]) and time.time() < deadline:
+        time.sleep(1)
+        listing = get("runs")
+    return {run: get("views?" + urllib.parse.urlencode({"run": run})) for run in listing["runs"]}
 
 
 def _profiler_recording() -> bool:
