@@ -27,7 +27,7 @@ DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("constant", "cosine")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
-LOADERS = ("dataloader", "prefetcher")
+LOADERS = ("dataloader", "prefetcher", "gpu_resident")
 
 
 @dataclass

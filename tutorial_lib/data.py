@@ -258,7 +258,7 @@ def build_loader(cfg: TrainConfig, split: str, rank: int = 0, world_size: int = 
     workers = cfg.num_workers
     return DataLoader(
         ds, batch_size=bs, sampler=sampler, drop_last=train, num_workers=workers,
-        pin_memory=cfg.pin_memory if pin_memory is None else pin_memory,
+        pin_memory=(cfg.pin_memory and torch.cuda.is_available()) if pin_memory is None else pin_memory,
         persistent_workers=cfg.persistent_workers and workers > 0,
         prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
         multiprocessing_context=_mp_context() if workers > 0 else None,
