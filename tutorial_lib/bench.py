@@ -293,7 +293,8 @@ def compute_knob(cfg: TrainConfig, device_type: str) -> str:
 def _contention_hint(cfg: TrainConfig, device_type: str) -> str:
     cpus = data.cpus_per_task()
     if cfg.loader != "gpu_resident" and cfg.num_workers >= cpus - 1:
-        return f"{cfg.num_workers} workers and the training loop share {cpus} CPUs: try fewer workers"
+        workers = f"{cfg.num_workers} worker{'s' if cfg.num_workers != 1 else ''}"
+        return f"{workers} and the training loop share {cpus} CPUs: try fewer workers"
     if device_type == "cuda" and not cfg.pin_memory:
         return "pageable host-to-device copies block the loop: pin_memory=true"
     return "CPU time, memory bandwidth or host-device syncs shared by both"

@@ -83,6 +83,13 @@ def _shape_chunk(rng: np.random.Generator, m: int, size: int) -> tuple[np.ndarra
     return np.clip(img, 0, 255).astype(np.uint8), y.astype(np.int64)
 
 
+@functools.lru_cache(maxsize=2)
+def _shapes(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    # a train and a val split kept: runs after the first in a process (a notebook, a bench) skip seconds of
+    # generating; nothing writes into these arrays (augmentation makes new tensors)
+    return make_shapes(n, seed)
+
+
 # ---------------------------------------------------------------------------- augmentation
 def crop_flip(x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, pad: int = 4) -> torch.Tensor:
     """Random crop with zero padding, then horizontal flip, for a batch (N, C, H, W) on any device.
@@ -178,7 +185,7 @@ def base_dataset(cfg: TrainConfig, split: str):
     """The un-augmented images of a split ('train' or 'val') as an indexable of (uint8 CHW, label)."""
     if cfg.dataset == "shapes":
         n = (cfg.train_size or 50_000) if split == "train" else (cfg.val_size or 10_000)
-        return ArrayImages(*make_shapes(n, seed=2 * cfg.seed + (split == "val")))
+        return ArrayImages(*_shapes(n, seed=2 * cfg.seed + (split == "val")))
     if cfg.dataset == "imagefolder":
         from .imagefolder import imagefolder_dataset  # added by the data-loading lesson
 
@@ -363,8 +370,7 @@ class DeviceResidentInput:
     def order(self, epoch: int) -> torch.Tensor:
         """This rank's sample indices for `epoch`, on the device (one small copy per epoch)."""
         self.sampler.set_epoch(epoch)
-        self.sampler.start = 0
-        order = torch.tensor([i for i, _ in self.sampler])
+        order = torch.tensor(list(DistributedSampler.__iter__(self.sampler)))  # indices, not (index, epoch)
         if self.device.type == "cuda":
             return order.pin_memory().to(self.device, non_blocking=True)  # no host-device sync
         return order
