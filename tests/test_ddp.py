@@ -34,3 +34,22 @@ def test_global_batch_size_is_split_over_ranks(tmp_path):
 def test_ddp_with_one_process_is_valid(tmp_path, nproc):
     r = torchrun(nproc, tmp_path / "ddp1")
     assert r["world_size"] == 1
+
+
+def test_launch_from_python_runs_torchrun_and_returns_the_result(tmp_path, capsys):
+    import tutorial_lib as tl
+    from conftest import tiny
+
+    r = tl.launch(tiny(tmp_path / "launch", steps=4), nproc=2)
+    out = capsys.readouterr().out
+    assert "$ torchrun --standalone --nproc_per_node=2 -m tutorial_lib train" in out
+    assert "step 4/4" in out  # the ranks' output streams into the cell
+    assert r.world_size == 2 and r.param_checksums[0] == r.param_checksums[1]
+
+
+def test_launch_reports_a_failing_run(tmp_path):
+    import tutorial_lib as tl
+    from conftest import tiny
+
+    with pytest.raises(tl.UserError, match="torchrun exited with code"):
+        tl.launch(tiny(tmp_path / "bad", train_size=8, batch_size=16), nproc=2)
