@@ -64,12 +64,13 @@ def test_summary_figure_has_one_bar_per_step_and_part(cpu_run):
 
 
 def test_tensorboard_lists_the_run_in_the_profiler_plugin(cpu_run):
-    tb = tensorboard.start(cpu_run.parent, timeout=90)
+    tb = profiling.start_tensorboard(cpu_run.parent)
+    run = f"{cpu_run.name}/tb/profile"
     try:
-        runs = profiling.profiler_runs(tb, timeout=90)
+        runs = profiling.profiler_runs(tb, wait_for=run, timeout=90)
     finally:
         tensorboard.stop(tb)
-    assert "Overview" in runs[f"{cpu_run.name}/tb/profile"], runs
+    assert "Overview" in runs.get(run, []), runs
 
 
 def test_too_few_steps_for_the_profiler_schedule_names_the_fix(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .trace_summary import Summary, TraceSummary, find_traces, summarize  # noqa: F401  (re-exported)
+from .trace_summary import PART_LABELS, PARTS, Summary, TraceSummary, find_traces, summarize  # noqa: F401
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # keep the profiler's C++ log lines out of the cells
 
@@ -68,11 +68,23 @@ def profiler(cfg, env):
         yield prof
 
 
-def profiler_runs(board, timeout: float = 60) -> dict[str, list[str]]:
+def start_tensorboard(logdir: str | os.PathLike = "runs"):
+    """tl.tensorboard.start(logdir), restarted if it already runs: the PyTorch Profiler plugin reads a run once,
+    when it first sees it, so a TensorBoard started before a trace was (re)written shows the old trace or none."""
+    from . import tensorboard
+
+    for tb in tensorboard.running():
+        if Path(tb.logdir).resolve() == Path(logdir).resolve():
+            tensorboard.stop(tb)
+    return tensorboard.start(logdir)
+
+
+def profiler_runs(board, wait_for: str | None = None, timeout: float = 60) -> dict[str, list[str]]:
     """The runs TensorBoard's PyTorch Profiler plugin lists, each with its views ("Overview", "Trace", ...).
 
-    `board` is a tl.tensorboard handle. The plugin reads traces in the background: this waits until it is done
-    loading (at most `timeout` seconds)."""
+    `board` is a tl.tensorboard handle. The plugin scans for traces every 10 s and reads them in the
+    background: this waits until it is done loading and, if given, lists the run `wait_for` (at most `timeout` s).
+    """
     import json
     import time
     import urllib.parse
@@ -84,7 +96,8 @@ def profiler_runs(board, timeout: float = 60) -> dict[str, list[str]]:
 
     deadline = time.time() + timeout
     listing = get("runs")
-    while (listing["loading"] or not listing["runs"]) and time.time() < deadline:
+    while (listing["loading"] or not listing["runs"] or (wait_for and wait_for not in listing["runs"])) \
+            and time.time() < deadline:
         time.sleep(1)
         listing = get("runs")
     return {run: get("views?" + urllib.parse.urlencode({"run": run})) for run in listing["runs"]}
@@ -159,5 +172,6 @@ def line_profile(functions, call, *args, **kwargs) -> LineReport:
     buf = io.StringIO()
     lp.print_stats(stream=buf, output_unit=1e-3, stripzeros=True)
     text = buf.getvalue().replace("Timer unit: 0.001 s", "Time and Per Hit in ms (host clock)")
+    text = text.replace(f"File: {os.getcwd()}{os.sep}", "File: ")  # paths relative to the workbook
     timings = {k: list(v) for k, v in stats.timings.items()}
     return LineReport(text.strip() + "\n", timings, result)
