@@ -87,12 +87,21 @@ def profiler_runs(board, wait_for: str | None = None, timeout: float = 60) -> di
     """
     import json
     import time
+    import urllib.error
     import urllib.parse
     import urllib.request
 
     def get(path):
-        with urllib.request.urlopen(board.local_url + "data/plugin/pytorch_profiler/" + path, timeout=10) as r:
-            return json.load(r)
+        try:
+            with urllib.request.urlopen(board.local_url + "data/plugin/pytorch_profiler/" + path, timeout=10) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as e:
+            if e.code != 404:
+                raise
+            from .config import UserError
+
+            raise UserError(f"TensorBoard at {board.local_url} has no PyTorch Profiler plugin; install it with "
+                            "`pip install torch-tb-profiler` and restart TensorBoard") from None
 
     deadline = time.time() + timeout
     listing = get("runs")
