@@ -34,6 +34,7 @@ TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 MODES = ("auto", "single", "torchrun", "multinode", "srun")
 GPU_REQUESTS = ("gpus-per-node", "gres", "gpus")
 RENDER_MARK = "# workbook-render: "
+ALWAYS_SHOWN = ("dataset", "model", "batch_size", "steps", "epochs")  # in every job file, even at their default
 DEFAULT_LINE_PROFILE = "tutorial_lib.engine.Run.fit,tutorial_lib.engine.Run.train_step"
 
 
@@ -126,7 +127,11 @@ def load_site(name: str | os.PathLike | None = None) -> Site:
     if not path.is_file():
         raise UserError(f"site {str(name)!r} has no profile ({path}); one of {', '.join(site_names())}, or the "
                         "path of your own YAML file (copy tutorial_lib/sites/generic.yaml to start)")
-    values = yaml.safe_load(path.read_text()) or {}
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UserError(f"site profile {path} is not valid YAML ({str(e).splitlines()[0]}); "
+                        "quote values that contain ': ' or '#'") from None
     known = {f.name for f in fields(Site)} - {"name"}
     unknown, missing = sorted(set(values) - known), sorted(known - set(values))
     if unknown or missing:
@@ -203,14 +208,20 @@ class Resources:
         return {k: v for k, v in asdict(self).items() if v != getattr(default, k)}
 
 
+SYNONYMS = {"gpus": "gpus_per_node", "gres": "gpus_per_node", "gpus_per_task": "gpus_per_node",
+            "cpus": "cpus_per_task", "cpus_per_gpu": "cpus_per_task", "memory": "mem", "walltime": "time",
+            "time_limit": "time", "name": "job_name", "queue": "partition", "project": "account",
+            "features": "constraint", "signal": "requeue"}
+
+
 def resources(**values: Any) -> Resources:
     known = [f.name for f in fields(Resources)]
     for key in values:
         if key not in known:
             import difflib
 
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            close = SYNONYMS.get(key) or next(iter(difflib.get_close_matches(key, known, n=1, cutoff=0.6)), None)
+            hint = f" (did you mean {close!r}?)" if close else ""
             raise UserError(f"unknown resource {key!r}{hint}; resources are {', '.join(known)}")
     return Resources(**values)
 
@@ -308,7 +319,9 @@ def _training(cfg: TrainConfig, name: str, world_size: int) -> Program:
         cfg = cfg.replace(out_dir=f"runs/{name}")  # each job its own folder
     if cfg.progress:
         cfg = cfg.replace(progress=False)  # a log file is not a terminal: step lines instead of a bar
-    overrides = cfg.to_overrides()
+    shown = set(ALWAYS_SHOWN) - {"epochs" if cfg.steps is not None else "steps"}
+    changed = {o.split("=", 1)[0] for o in cfg.to_overrides()}
+    overrides = [o for o in cfg.to_overrides(only_changed=False) if o.split("=", 1)[0] in changed | shown]
     for item in overrides:
         if "\n" in item or "\r" in item:
             raise UserError(f"{item.split('=')[0]} contains a line break; give it on one line")
@@ -427,7 +440,8 @@ def _context(name, site, r, program, points, cfg, description) -> dict[str, Any]
     return {
         "name": name, "site": site, "mode": r.mode, "gpus": r.gpus_per_node, "procs_per_task": per_task,
         "description": description or _describe(program, cfg), "layout": _layout(r, points),
-        "directives": directives(r, site, len(points)), "output": r.output, "program": program,
+        "directives": directives(r, site, len(points)), "output": _log_name(r.output, r.job_name),
+        "program": program,
         "out_dir": program.out_dir, "sweep": sweep, "gpu_monitor": r.gpu_monitor, "requeue": r.requeue,
         "monitor_csv": _monitor_csv(program), "line_profile": bool(r.line_profile), "background": background,
         "launcher": f"{site.launcher} " if site.launcher else "", "command": runner, "nsys": r.nsys,
@@ -437,7 +451,7 @@ def _context(name, site, r, program, points, cfg, description) -> dict[str, Any]
 def _runner(r: Resources, program: Program, site: Site) -> str:
     """What stands before "${program[@]}" on the launch line: one line per wrapper, then python or torchrun."""
     lines = []
-    if r.requeue and procs_per_task(r) > 1:
+    if r.requeue and r.mode in ("torchrun", "multinode"):  # see the templates' comment
         lines.append("bash -c 'trap \"\" USR1; exec \"$@\"' agent")
     if site.launcher:
         lines.append(site.launcher)
@@ -455,6 +469,13 @@ def _runner(r: Resources, program: Program, site: Site) -> str:
     elif program.python:
         last = "python "
     return "".join(line + " \\\n    " for line in lines) + last
+
+
+def _log_name(output: str, job_name: str) -> str:
+    """The output pattern as a reader sees it: jobs/logs/demo-<job id>.out."""
+    for pattern, meaning in (("%x", job_name), ("%A", "<array job id>"), ("%a", "<task>"), ("%j", "<job id>")):
+        output = output.replace(pattern, meaning)
+    return output
 
 
 def _monitor_csv(program: Program) -> str:
@@ -616,8 +637,13 @@ def cli(argv: list[str]) -> int:
     import sys
 
     parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.cmd == "render":  # key=value overrides may come before, between or after the options
+        args.overrides += [x for x in extra if "=" in x and not x.startswith("-")]
+        extra = [x for x in extra if x not in args.overrides]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        args = parser.parse_intermixed_args(argv)
         return args.func(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

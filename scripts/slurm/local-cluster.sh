@@ -8,7 +8,7 @@
 # or `make slurm-up` / `make slurm-down`.
 #
 # What you get: munged, one slurmctld and two slurmd (node1 and node2, ports 6818 and 6819) on this
-# machine, partition "debug" (the default) with both nodes, each claiming 8 CPUs and 4 GPUs. The GPUs
+# machine, partition "debug" (the default) with both nodes, each claiming 64 CPUs and 8 GPUs. The GPUs
 # are fake (gres.conf points at symlinks to /dev/null): Slurm accepts --gpus, --gres=gpu:N and
 # --gpus-per-node and sets CUDA_VISIBLE_DEVICES, while the training itself runs on the CPU.
 # Everything the cluster writes (config copies, state, logs, PIDs) lives in $WORKBOOK_SLURM_DIR
@@ -63,7 +63,7 @@ write_fake_gpus() {
     # gres.conf needs character devices: symlinks to /dev/null pass the check.
     mkdir -p "$STATE/dev"
     local i
-    for i in 0 1 2 3; do ln -sfn /dev/null "$STATE/dev/gpu$i"; done
+    for i in 0 1 2 3 4 5 6 7; do ln -sfn /dev/null "$STATE/dev/gpu$i"; done
 }
 
 slurm_conf() {
@@ -110,7 +110,7 @@ JobRequeue=1
 KillWait=5
 SlurmdTimeout=300
 InactiveLimit=0
-NodeName=node[1-2] NodeHostname=$(hostname -s) NodeAddr=127.0.0.1 Port=[6818-6819] CPUs=8 RealMemory=64000 Gres=gpu:4 State=UNKNOWN
+NodeName=node[1-2] NodeHostname=$(hostname -s) NodeAddr=127.0.0.1 Port=[6818-6819] CPUs=64 RealMemory=256000 Gres=gpu:8 State=UNKNOWN
 PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP
 EOF
 }
@@ -118,7 +118,7 @@ EOF
 gres_conf() {
     cat <<EOF
 $MARKER
-NodeName=node[1-2] Name=gpu File=$STATE/dev/gpu[0-3]
+NodeName=node[1-2] Name=gpu File=$STATE/dev/gpu[0-7]
 EOF
 }
 

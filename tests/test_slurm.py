@@ -1,0 +1,262 @@
+"""The rendered jobs on a real Slurm: the local two-node cluster of scripts/slurm/local-cluster.sh.
+
+Every job is submitted at once (module fixture `jobs`), then each test waits for its own: the cluster
+runs them side by side. They train on the CPU with gloo; the cluster's GPUs are fake GRES.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tutorial_lib import jobs
+from tutorial_lib.config import TrainConfig
+from tutorial_lib.slurm import Job, SubmitError
+
+ROOT = Path(__file__).resolve().parents[1]
+UP = "bash scripts/slurm/local-cluster.sh up"
+
+
+def _cluster_problem() -> str | None:
+    if shutil.which("sinfo") is None:
+        return f"no Slurm on this machine (sinfo not on PATH); as root, `make slurm-up` or `{UP}` installs and starts it"
+    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True)
+    if ping.returncode != 0 or "UP" not in ping.stdout:
+        return f"the Slurm controller does not answer (`scontrol ping`); as root, `make slurm-up` or `{UP}`"
+    nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True).stdout.split()
+    if not {"node1", "node2"} <= set(nodes):
+        return f"this Slurm is not the workbook's local cluster (nodes {nodes}); the job tests need node1 and node2"
+    return None
+
+
+PROBLEM = _cluster_problem()
+if PROBLEM and os.environ.get("CI") and os.getuid() == 0:
+    # CI runs as root and `make test` starts the cluster first: a missing cluster is a failure there.
+    raise RuntimeError(f"the Slurm tests can't run in CI: {PROBLEM}")
+pytestmark = [pytest.mark.slurm, pytest.mark.skipif(PROBLEM is not None, reason=str(PROBLEM))]
+
+REQUEUE_SECONDS = 50  # of training, measured here; plus start-up, longer than the 20-50 s before the USR1
+
+
+def tiny(out_dir: Path, **kw) -> TrainConfig:
+    base = dict(dataset="shapes", model="resnet18_imagenet", steps=6, batch_size=8, train_size=64, val_size=32,
+                device="cpu", tensorboard=False, log_every=2, out_dir=str(out_dir))
+    return TrainConfig(**{**base, **kw})
+
+
+FAKE_NVIDIA_SMI = """#!/bin/bash
+# Stand-in for nvidia-smi on the CPU test cluster: a CSV line per interval until it is killed.
+interval=1
+while (($#)); do [[ $1 == -l ]] && interval=$2; shift; done
+echo "$$" >>"$FAKE_PIDS"
+echo "timestamp, index, name, utilization.gpu [%], memory.used [MiB]"
+while true; do echo "$(date '+%Y/%m/%d %H:%M:%S'), 0, Fake GPU, 0 %, 0 MiB"; sleep "$interval"; done
+"""
+
+FAKE_NSYS = """#!/bin/bash
+# Stand-in for Nsight Systems: records its options, then runs the profiled command.
+[[ $1 == profile ]] || exit 2
+shift
+opts=()
+while [[ $1 == --* ]]; do opts+=("$1"); shift; done
+printf '%s\\n' "${opts[@]}" >"$FAKE_NSYS_LOG.$SLURM_PROCID"
+exec "$@"
+"""
+
+
+def _fake_tools(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in (("nvidia-smi", FAKE_NVIDIA_SMI), ("nsys", FAKE_NSYS)):
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("slurm")
+
+
+def steps_lasting(seconds: float, work: Path, **cfg) -> int:
+    """How many steps of `cfg` take `seconds` here, with one thread as in the jobs (a short timed run)."""
+    import json
+    import math
+    import sys
+
+    out = work / "calibrate"
+    args = [f"{k}={v}" for k, v in {**cfg, "steps": 12, "timing_warmup": 4, "eval": "false",
+                                     "out_dir": out, "resume": "false"}.items()]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "tutorial_lib", "train", *args], check=True, capture_output=True,
+                   env=env, cwd=ROOT, timeout=300)
+    step_ms = json.loads((out / "result.json").read_text())["step_time_ms"]["median"]
+    return max(50, math.ceil(seconds * 1000 / step_ms))
+
+
+@pytest.fixture(scope="module")
+def requeue_steps(work) -> int:
+    small = {k: v for k, v in tiny(work).to_dict().items() if k in ("dataset", "model", "batch_size", "train_size")}
+    return steps_lasting(REQUEUE_SECONDS, work, device="cpu", num_workers=0, progress="false", tensorboard="false",
+                         **small)
+
+
+@pytest.fixture(scope="module")
+def jobs_submitted(work, requeue_steps):
+    """Render every job into a scratch jobs/ folder and submit them all; name -> Job."""
+    fake = _fake_tools(work / "bin")
+    env = f"--export=ALL,PATH={fake}:{os.environ['PATH']},FAKE_PIDS={work}/smi.pids,FAKE_NSYS_LOG={work}/nsys"
+    out = dict(output=f"{work}/logs/%x-%j.out")
+    specs = {
+        # the long one first: it needs a time limit to pass
+        "requeue": dict(cfg=tiny(work / "requeue", steps=requeue_steps, log_every=50),
+                        site="local", time="00:01:00", requeue=10),
+        # the default profile, as the committed jobs/ files use it, with the monitor and line_profiler
+        "single": dict(cfg=tiny(work / "single"), site="generic", cpus_per_task=1, gpu_monitor=1, line_profile=True),
+        "torchrun": dict(cfg=tiny(work / "torchrun", parallel="ddp"), site="local", gpus_per_node=2),
+        "multinode": dict(cfg=tiny(work / "multinode", parallel="ddp"), site="local", nodes=2, gpus_per_node=2),
+        "srun": dict(cfg=tiny(work / "srun", parallel="ddp"), site="local", nodes=2, gpus_per_node=1, mode="srun",
+                     nsys=True),
+        "sweep": dict(cfg=tiny(work / "sweep"), site="local", sweep={"batch_size": [8, 16]}),
+        "fails": dict(cfg=tiny(work / "fails", precision="fp16"), site="local"),
+    }
+    submitted = {}
+    for name, spec in specs.items():
+        cfg = spec.pop("cfg")
+        path = jobs.write(f"t_{name}", cfg, jobs_dir=work / "jobs", show=False, **out, **spec)
+        submitted[name] = jobs.submit(path, sbatch_args=[env])
+    yield submitted
+    for job in submitted.values():  # nothing left behind on the cluster when a test failed early
+        subprocess.run(["scancel", job.id], capture_output=True)
+
+
+def finished(job: Job, timeout: float = 240) -> str:
+    state = job.wait(timeout=timeout, poll=1.0, quiet=True)
+    if state != "COMPLETED":
+        print(job.log(60))
+    return state
+
+
+def test_single_gpu_job_on_the_default_profile_completes(jobs_submitted, work):
+    job = jobs_submitted["single"]
+    assert finished(job) == "COMPLETED"
+    res = job.result()
+    assert res["world_size"] == 1 and res["steps"] == 6
+    assert res["config"]["num_workers"] == 1  # from SLURM_CPUS_PER_TASK
+    assert "job " in job.log(200) and "node1" in job.log(200)  # the script says where it runs
+
+
+def test_gpu_monitor_writes_csv_and_is_stopped_by_its_pid(jobs_submitted, work):
+    job = jobs_submitted["single"]
+    assert finished(job) == "COMPLETED"
+    csv = (work / "single" / "gpu_monitor.csv").read_text().splitlines()
+    assert csv[0].startswith("timestamp") and len(csv) >= 2
+    pids = [int(p) for p in (work / "smi.pids").read_text().split()]
+    deadline = time.monotonic() + 10
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pids and not any(_running(p) for p in pids), "the GPU monitor outlived its job"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+def test_line_profile_job_saves_and_prints_the_report(jobs_submitted, work):
+    job = jobs_submitted["single"]
+    assert finished(job) == "COMPLETED"
+    assert (work / "single" / "line_profile.lprof").stat().st_size > 0
+    log = job.log(400)
+    assert "Timer unit: 0.001 s" in log and "def fit" in log
+
+
+def test_torchrun_on_one_node_runs_two_ranks(jobs_submitted):
+    job = jobs_submitted["torchrun"]
+    assert finished(job) == "COMPLETED"
+    res = job.result()
+    assert res["world_size"] == 2 and len(set(res["param_checksums"])) == 1
+
+
+def test_two_node_ddp_ends_with_identical_parameters_on_four_ranks(jobs_submitted):
+    job = jobs_submitted["multinode"]
+    assert finished(job) == "COMPLETED"
+    res = job.result()
+    assert res["world_size"] == 4
+    assert len(res["param_checksums"]) == 4 and len(set(res["param_checksums"])) == 1
+    log = job.log(400)
+    assert "rendezvous at node1:" in log and "node[1-2]" in log
+
+
+def test_srun_task_per_gpu_spans_both_nodes_under_nsys(jobs_submitted, work):
+    job = jobs_submitted["srun"]
+    assert finished(job) == "COMPLETED"
+    res = job.result()
+    assert res["world_size"] == 2 and len(set(res["param_checksums"])) == 1
+    assert res["config"]["nvtx"] is True
+    for rank in (0, 1):  # nsys wrapped each task, with NVTX tracing
+        opts = (work / f"nsys.{rank}").read_text().split()
+        assert "--trace=cuda,nvtx,osrt" in opts
+
+
+def test_job_array_sweep_collects_every_result(jobs_submitted):
+    job = jobs_submitted["sweep"]
+    assert finished(job) == "COMPLETED"
+    assert len(job.states()) == 2
+    results = job.results()
+    assert [r["config"]["batch_size"] for r in results] == [8, 16]
+    assert all(r["steps"] == 6 for r in results)
+
+
+def test_failing_job_is_reported_failed_with_its_exit_code(jobs_submitted):
+    job = jobs_submitted["fails"]
+    assert job.wait(timeout=240, quiet=True) == "FAILED"
+    assert job.exit_code() == 2
+    assert "precision='fp16' needs a CUDA GPU" in job.log(50)
+
+
+def test_job_at_its_time_limit_is_requeued_and_resumes_without_losing_a_step(jobs_submitted, requeue_steps):
+    job = jobs_submitted["requeue"]
+    assert finished(job, timeout=300) == "COMPLETED"
+    assert job.restarts() >= 1
+    res = job.result()
+    log = job.log(1000)
+    assert res["steps"] == requeue_steps and len(res["loss"]) == requeue_steps
+    assert res["resumed_from_step"] and 0 < res["resumed_from_step"] < requeue_steps
+    assert "USR1: the time limit is near" in log and "requeueing job" in log
+    assert f"resuming from step {res['resumed_from_step']}" in log
+
+
+def _site_bigger_than_the_cluster(work: Path) -> str:
+    """A profile that promises 16 GPUs per node: the local nodes have 8."""
+    text = (ROOT / "tutorial_lib" / "sites" / "local.yaml").read_text().replace("gpus_per_node: 8", "gpus_per_node: 16")
+    path = work / "big.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("case, extra, slurm_says", [
+    ("gpus", dict(gpus_per_node=16), "Requested node configuration is not available"),
+    ("partition", dict(partition="nope"), "invalid partition specified: nope"),
+])
+def test_impossible_request_is_refused_at_submit_with_slurms_words(work, case, extra, slurm_says):
+    site = _site_bigger_than_the_cluster(work) if case == "gpus" else "local"
+    cfg = tiny(work / "refused", parallel="ddp" if case == "gpus" else "none")
+    path = jobs.write(f"t_refused_{case}", cfg, site=site, jobs_dir=work / "jobs", show=False, **extra)
+    with pytest.raises(SubmitError) as err:
+        jobs.submit(path)
+    message = str(err.value)
+    assert slurm_says.lower() in message.lower() and "sbatch refused" in message and "\nhint: " in message
+
+
+def test_committed_job_files_are_accepted_by_the_scheduler():
+    files = sorted((ROOT / "jobs").glob("*.sbatch"))
+    assert files, "jobs/ holds no sbatch file"
+    for path in files:
+        proc = subprocess.run(["sbatch", "--test-only", str(path)], cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0 and "to start at" in proc.stderr, f"{path.name}: {proc.stderr}"
