@@ -28,6 +28,15 @@ class SleepyNet(nn.Module):
         return self.fc(x.flatten(1))
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    # on a busy machine, two intra-op threads that wait for each other turn 1 ms ops into 100 ms ones
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def model_seconds(monkeypatch):
     def use(seconds):

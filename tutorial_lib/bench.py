@@ -16,6 +16,7 @@ stays in cache and flatters SYNTHETIC) and per-rank timing (not rank 0 only) kee
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import io
 import json
@@ -128,13 +129,13 @@ def figure(measure: str, clock: WindowClock, batch: int, env) -> Figure:
 def measure_io(run: engine.Run, clock: WindowClock, pool_size: int) -> list:
     """Iterate the run's input (load, copy to the device, normalise) and nothing else; keep the last
     `pool_size` batches for SYNTHETIC."""
-    pool = []
+    pool = collections.deque(maxlen=pool_size)
     batches = run.batches()
     for _ in range(clock.total_steps):
-        pool = (pool + [next(batches)])[-pool_size:]
+        pool.append(next(batches))
         clock.tick()
     batches.close()  # ends the epoch's iterator, so its DataLoader workers exit now
-    return pool
+    return list(pool)
 
 
 def measure_synthetic(run: engine.Run, clock: WindowClock, pool: list) -> None:
@@ -159,8 +160,7 @@ def measure_full(run: engine.Run, clock: WindowClock) -> engine.Result:
         return loss
 
     run.train_step = timed_step
-    quiet = contextlib.redirect_stdout(io.StringIO()) if not run.cfg.progress else contextlib.nullcontext()
-    with quiet:  # the run's own "step k/N loss" lines
+    with contextlib.redirect_stdout(io.StringIO()):  # the run's own "step k/N loss" lines
         return run.fit()
 
 
@@ -201,11 +201,13 @@ def _measure(run, env, measures, n_windows, window, warmup, prefetched, pool_siz
     def clock(extra_warmup):
         return WindowClock(env.device, warmup + extra_warmup, window, n_windows)
 
-    figures, full = {}, None
-    io_clock = clock(prefetched)
-    pool = measure_io(run, io_clock, pool_size)
+    figures, full, pool = {}, None, []
     if "io" in measures:
+        io_clock = clock(prefetched)
+        pool = measure_io(run, io_clock, pool_size)
         figures["io"] = figure("io", io_clock, run.batch, env)
+    elif "synthetic" in measures:
+        pool = measure_io(run, WindowClock(env.device, pool_size, 1, 0), pool_size)  # untimed
     if "synthetic" in measures:
         c = clock(0)
         measure_synthetic(run, c, pool)
