@@ -175,3 +175,27 @@ def test_recorded_gpu_trace_summary(tmp_path):
         assert s.peak_memory_mb.get("GPU 0", 0) > 0, s.peak_memory_mb
     host = summarize(GPU_FIXTURE, view="host")[0]
     assert_parts_add_up(host)
+
+
+def test_gpu_view_follows_the_gpu_when_it_runs_behind_the_host(tmp_path):
+    """Compute-bound: the host queues each 10 us step while the GPU needs 35 us for it. The GPU-view steps
+    must be the GPU's (0-40, 40-75), not the host's (0-10, 10-20), or the step time would be understated."""
+    host, gpu = dict(pid=100, tid=1), dict(pid=0, tid=7)
+
+    def x(cat, name, ts, dur, where, **args):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, **where, "args": args}
+
+    events = [
+        x("user_annotation", "ProfilerStep#1", 0, 10, host), x("user_annotation", "ProfilerStep#2", 10, 10, host),
+        x("cuda_runtime", "cudaLaunchKernel", 1, 1, host, correlation=1),
+        x("cuda_runtime", "cudaLaunchKernel", 11, 1, host, correlation=2),
+        x("kernel", "void conv<float>()", 5, 35, gpu, correlation=1, device=0),
+        x("kernel", "void conv<float>()", 40, 35, gpu, correlation=2, device=0),
+    ]
+    path = tmp_path / "rank0.1.pt.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    s = summarize(path)[0]
+    assert [round(st.step_ms * 1000) for st in s.steps] == [40, 35]
+    assert [round(st.parts_ms["compute"] * 1000) for st in s.steps] == [35, 35]
+    assert_parts_add_up(s)

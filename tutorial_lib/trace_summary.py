@@ -164,7 +164,7 @@ def _covers(merged: list[tuple[float, float]], t: float) -> bool:
 # ---------------------------------------------------------------------- what one trace says
 @dataclass
 class StepTime:
-    """One profiled step: its wall time on the host and the parts it splits into (milliseconds)."""
+    """One profiled step: its duration (host clock, or the GPU's in the GPU view) and its parts (milliseconds)."""
     name: str
     step_ms: float
     parts_ms: dict
@@ -247,6 +247,7 @@ def summarize_trace(path: Path, worker: str | None = None, view: str | None = No
     main, steps = _main_thread_and_steps(spans)
     phases = _phases(spans, main)
     if view == "gpu":
+        steps = _gpu_step_windows(steps, device_events, _launch_times(spans))
         ordered = _gpu_parts(spans, device_events, phases)
     else:
         ordered = _host_parts(spans, main, phases)
@@ -307,9 +308,51 @@ def _host_parts(spans, main, phases):
             ("compute", union(busy)), ("comm", union(comm)), ("compute", phases["compute"])]
 
 
+def _launch_times(spans) -> dict:
+    """correlation id -> host time of the launch (cudaLaunchKernel, cudaMemcpyAsync, ...)."""
+    return {e["args"]["correlation"]: e["ts"] for e in spans
+            if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
+
+
+BACKLOG_US = 100  # a kernel that starts this long after its launch found the GPU still busy with earlier work
+
+
+def _gpu_step_windows(steps, device_events, launches):
+    """Each step on the GPU's clock. The GPU runs behind the host when it is the bottleneck, so the host's
+    ProfilerStep windows would cut GPU work in the wrong places: a step ends when both its host part and the
+    GPU work it launched have ended, and starts where the previous one ended."""
+    if len(steps) == 1 and steps[0][0] == "whole trace":
+        return steps
+    ends, firsts = {}, {}
+    for e in device_events:
+        launched = launches.get(e.get("args", {}).get("correlation"))
+        i = _step_index(steps, launched)
+        if i is None:
+            continue
+        ends[i] = max(ends.get(i, 0), e["ts"] + e["dur"])
+        if i not in firsts or e["ts"] < firsts[i][0]:
+            firsts[i] = (e["ts"], launched)
+    windows, start = [], steps[0][1]
+    if 0 in firsts and firsts[0][0] - firsts[0][1] > BACKLOG_US:
+        start = firsts[0][0]  # before its first kernel the GPU was busy with steps that were not recorded
+    for i, (name, _, host_end) in enumerate(steps):
+        end = max(host_end, ends.get(i, host_end), start)
+        windows.append((name, start, end))
+        start = end
+    return windows
+
+
+def _step_index(steps, t):
+    if t is None:
+        return None
+    for i, (_, s, e) in enumerate(steps):
+        if s <= t <= e:
+            return i
+    return None
+
+
 def _gpu_parts(spans, device_events, phases):
-    launches = {e["args"]["correlation"]: e["ts"] for e in spans
-                if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
+    launches = _launch_times(spans)
     by_part = defaultdict(list)
     for e in device_events:
         iv = (e["ts"], e["ts"] + e["dur"])
