@@ -26,6 +26,7 @@ from typing import Any
 
 from .config import ConfigError, TrainConfig, UserError, load
 from .slurm import Job, SubmitError, submit  # noqa: F401  (tl.jobs.submit, tl.jobs.Job)
+from .slurm import available as slurm_available  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]  # the workbook: jobs are submitted from here
 JOBS_DIR = ROOT / "jobs"

@@ -26,6 +26,17 @@ TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NOD
             "DEADLINE", "REVOKED", "SPECIAL_EXIT")
 
 
+def available() -> bool:
+    """True when jobs can be submitted from here: sbatch is on PATH and the Slurm controller answers."""
+    if shutil.which("sbatch") is None or shutil.which("scontrol") is None:
+        return False
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return False
+    return ping.returncode == 0 and " is UP" in ping.stdout
+
+
 class SubmitError(UserError):
     """sbatch refused the file; the message holds sbatch's own words and a hint."""
 

@@ -144,7 +144,21 @@ write_config() {
 }
 
 # ---------------------------------------------------------------------------------------- daemons
-pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# pid_alive PIDFILE: the process of PIDFILE runs and is still the program the file is named after
+# (after a reboot or a killed session the PID may belong to something else by now).
+pid_alive() {
+    local pid
+    [[ -f $1 ]] && pid=$(cat "$1") && [[ -n $pid ]] || return 1
+    local program
+    program=$(basename "$1" .pid)
+    program=${program%%-*}  # slurmd-node1.pid -> slurmd
+    [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$program" ]] || return 1
+    local stat
+    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
+    local -a fields
+    read -r -a fields <<<"${stat##*) }"
+    [[ ${fields[0]} != Z ]]  # a zombie has ended
+}
 
 start_munge() {
     if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then return 0; fi
