@@ -144,6 +144,21 @@ def test_seed_cluster_profiles_reproduce_what_those_clusters_need():
     assert all(f in nersc for f in ("#SBATCH --constraint=gpu", "#SBATCH --qos=regular", "#SBATCH --account=m1234"))
 
 
+def test_a_profile_of_your_own_renders_and_renders_again(tmp_path):
+    mine = tmp_path / "mycluster.yaml"
+    mine.write_text((ROOT / "tutorial_lib" / "sites" / "generic.yaml").read_text()
+                    .replace("partition: null", "partition: gpu_a100").replace("cpus_per_gpu: 8", "cpus_per_gpu: 16"))
+    path = jobs.write("mine", tiny(), site=str(mine), jobs_dir=tmp_path, show=False)
+    text = path.read_text()
+    assert "#SBATCH --partition=gpu_a100" in text and "#SBATCH --cpus-per-task=16" in text
+    assert jobs.stale(tmp_path) == []
+    mine.write_text(mine.read_text().replace("gpu_a100", "gpu_h100"))
+    assert jobs.stale(tmp_path) == [path]  # the profile changed: the file is stale
+    mine.write_text("partition: gpu\ncolour: blue\n")
+    with pytest.raises(UserError, match="unknown key 'colour'"):
+        jobs.load_site(str(mine))
+
+
 def test_optional_pieces_are_switched_by_arguments():
     plain = render(site="generic")
     assert all(word not in plain for word in ("nvidia-smi", "kernprof", "nsys", "--signal", "requeue"))
@@ -222,6 +237,10 @@ def test_bad_file_name_and_parallel_mismatch_are_refused():
         jobs.render("demo", tiny(), gpus_per_node=2)
     with pytest.raises(UserError, match="parallel='ddp' needs several processes"):
         jobs.render("demo", tiny(parallel="ddp"))
+    with pytest.raises(UserError, match="line_profile profiles the training"):
+        jobs.render("demo", command="python mine.py", line_profile=True)
+    with pytest.raises(UserError, match="give a TrainConfig"):
+        jobs.render("demo")
 
 
 def test_override_values_are_quoted_for_the_shell():

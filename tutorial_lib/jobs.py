@@ -404,8 +404,13 @@ def render(name: str, cfg: TrainConfig | None = None, *, site: str | None = None
     if cfg is not None and r.nsys and not cfg.nvtx:
         cfg = cfg.replace(nvtx=True)  # the training marks forward, backward, optimizer... as NVTX ranges
     program = _training(cfg, name, world) if cfg is not None else _command(command)
+    if r.line_profile and not program.training:
+        raise UserError("line_profile profiles the training (-m tutorial_lib train); for a command of your own, "
+                        "put kernprof -l in the command itself")
     context = _context(name, prof, r, program, points, cfg, description)
-    record = {"name": name, "site": prof.name, "description": description, "resources": resources_record(resource_values),
+    own_file = site is not None and str(site).endswith((".yaml", ".yml"))  # a profile outside tutorial_lib/sites
+    record = {"name": name, "site": str(site) if own_file else prof.name, "description": description,
+              "resources": resources_record(resource_values),
               "overrides": program.overrides if program.training else None,
               "command": None if program.training else program.overrides, "sweep": points or None}
     context["render_json"] = json.dumps(record, separators=(",", ":"))

@@ -174,7 +174,8 @@ start_munge() {
 start_slurm() {
     if ! pid_alive "$STATE/run/slurmctld.pid"; then
         log "starting slurmctld"
-        /usr/sbin/slurmctld
+        # -c: a clean start, without the jobs of an earlier run (a killed session may have left some)
+        /usr/sbin/slurmctld -c
     fi
     wait_for "slurmctld to answer" 20 scontrol ping
     local i
