@@ -139,11 +139,14 @@ def test_imagefolder_trains_through_both_loaders(folder, tiny_cfg):
         assert r.steps == 3 and r.val_accuracy is not None
 
 
-def test_imagefolder_missing_or_too_small_names_the_command(folder, tmp_path):
-    cfg = TrainConfig(dataset="imagefolder", data_dir=str(tmp_path / "empty"))
-    with pytest.raises(data.DataNotFound, match=f"`{FETCH}`"):
+def test_imagefolder_missing_or_too_small_names_the_command(folder, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = TrainConfig(dataset="imagefolder")  # data_dir="data", relative to where the run starts
+    with pytest.raises(data.DataNotFound, match="not staged in 'data'; run `python -m tutorial_lib data fetch "
+                                                "imagefolder` "):
         data.build_loader(cfg, "train")
-    assert FETCH == "python -m tutorial_lib data fetch imagefolder"
+    with pytest.raises(data.DataNotFound, match=f"run `{FETCH} --data-dir elsewhere`"):
+        data.build_loader(cfg.replace(data_dir="elsewhere"), "train")
     with pytest.raises(data.DataNotFound, match="train_size=500 but .* holds 120 images"):
         data.build_loader(cfg.replace(data_dir=str(folder), train_size=500), "train")
 

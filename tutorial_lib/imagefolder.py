@@ -99,13 +99,14 @@ class ImageFolderImages:
 def imagefolder_dataset(cfg: TrainConfig, split: str) -> ImageFolderImages:
     """The `imagefolder` split ('train' or 'val') in cfg.data_dir; an error naming the command if missing."""
     root = Path(cfg.data_dir) / "imagefolder"
+    fetch = FETCH if Path(cfg.data_dir) == Path("data") else f"{FETCH} --data-dir {cfg.data_dir}"
     if not (root / "manifest.json").is_file():
-        raise DataNotFound(f"dataset 'imagefolder' is not staged in {cfg.data_dir!r}; run "
-                           f"`{FETCH}` (or `make data`): it writes 60,000 PNG files, offline, in about a minute")
+        raise DataNotFound(f"dataset 'imagefolder' is not staged in {cfg.data_dir!r}; run `{fetch}` "
+                           "(or `make data`): it writes 60,000 PNG files, offline, in about a minute")
     ds = ImageFolderImages(root / split)
     wanted = cfg.train_size if split == "train" else cfg.val_size
     if wanted is not None and wanted > len(ds):
         key = "train_size" if split == "train" else "val_size"
         raise DataNotFound(f"{key}={wanted} but {str(root / split)!r} holds {len(ds)} images; lower {key}, "
-                           f"or run `{FETCH}` to write the full set")
+                           f"or run `{fetch}` to write the full set")
     return ds

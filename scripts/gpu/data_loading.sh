@@ -2,11 +2,12 @@
 # Notebook 03 on a GPU (run from the repo root; $OUT collects the outputs): is the GPU waiting for data?
 # CIFAR-stem ResNet-18, bf16 + channels_last, dataset=shapes (CIFAR's shape and size, no download):
 # IO / SYNTHETIC / FULL of the CPU DataLoader (8 workers), the prefetcher, the imagefolder PNG files and
-# loader=gpu_resident, at batch 256 and 1024; the CUDA cases of tests/test_data.py; a table at the end.
-# Pass: every gpu_resident row reaches FULL >= 0.95 x SYNTHETIC. About 2-3 minutes.
+# loader=gpu_resident, at batch 256 and 1024; the CUDA cases of tests/test_data.py; a table at the end;
+# with 2 GPUs also the bench under torchrun (every rank measures). Pass: every gpu_resident row reaches
+# FULL >= 0.95 x SYNTHETIC. About 2-3 minutes.
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 KINETO_LOG_LEVEL=99
-OUT=${OUT:-build/gpu}; mkdir -p "$OUT"
+export OUT=${OUT:-build/gpu}; mkdir -p "$OUT"
 nvidia-smi -L
 python3 -c 'import os, torch, torchvision; print("torch", torch.__version__, "torchvision", torchvision.__version__,
             "| CPUs for this process:", len(os.sched_getaffinity(0)))'
@@ -23,10 +24,17 @@ start=$SECONDS
 python3 -m tutorial_lib data fetch imagefolder --data-dir build/gpu-data
 echo "written in $(( SECONDS - start )) s"
 
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    echo "== DDP on 2 GPUs, loader=gpu_resident, batch 256 per GPU: every rank measures, the job's figure is the slowest"
+    OMP_NUM_THREADS=4 python3 -m torch.distributed.run --standalone --nproc_per_node=2 -m tutorial_lib bench \
+        parallel=ddp loader=gpu_resident model=resnet18 precision=bf16 channels_last=true batch_size=256 \
+        tensorboard=false out_dir=runs/gpu/03/ddp2 --steps 200 --window 20 2>&1 | grep -v "^W\|^\*"
+    python3 -c 'import json; r = json.load(open("runs/gpu/03/ddp2/bench.json"))
+print({m: [round(x) for x in f["per_rank_img_s"]] for m, f in r["figures"].items()}, "img/s per rank")'
+fi
+
 python3 - <<'PY'
 import dataclasses, json, os, time
-
-import torch
 
 from tutorial_lib import TrainConfig, bench
 
