@@ -31,3 +31,19 @@ def cli(*args, env=None, timeout=300, cwd=None):
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "tutorial_lib", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd)
+
+
+def interrupted_at(cfg, stop_step):
+    """Train until `stop_step`, then behave as on SIGUSR1: checkpoint and raise Preempted."""
+    from tutorial_lib import engine
+
+    run = engine.Run(cfg, engine.distributed.setup("none", "cpu"))
+    step = run.train_step
+
+    def train_step(x, y):
+        if run.step + 1 == stop_step:
+            run.stop_requested = True
+        return step(x, y)
+    run.train_step = train_step
+    with pytest.raises(engine.Preempted):
+        run.fit()

@@ -99,7 +99,7 @@ def test_gpu_resident_refuses_a_dataset_larger_than_half_the_free_memory(monkeyp
 
 
 def test_gpu_resident_training_resumes_exactly(tiny_cfg, tmp_path):
-    from test_engine import interrupted_at
+    from conftest import interrupted_at
 
     kw = dict(steps=8, train_size=48, loader="gpu_resident", ckpt_every=0)
     straight = engine.train(tiny_cfg(out_dir=str(tmp_path / "straight"), **kw))

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import cli
+from conftest import cli, interrupted_at
 from tutorial_lib import data, engine
-from tutorial_lib.engine import Preempted, Run
+from tutorial_lib.engine import Run
 
 
 def test_shapes_deterministic_from_seed():
@@ -43,20 +43,6 @@ def test_augmentation_crop_flip_matches_reference():
     for i in range(16):
         ref = padded[i, :, offsets[i, 0]:offsets[i, 0] + 32, offsets[i, 1]:offsets[i, 1] + 32]
         assert torch.equal(out[i], ref.flip(2) if flips[i] else ref)
-
-
-def interrupted_at(cfg, stop_step):
-    """Train until `stop_step`, then behave as on SIGUSR1: checkpoint and raise Preempted."""
-    run = Run(cfg, engine.distributed.setup("none", "cpu"))
-    step = run.train_step
-
-    def train_step(x, y):
-        if run.step + 1 == stop_step:
-            run.stop_requested = True
-        return step(x, y)
-    run.train_step = train_step
-    with pytest.raises(Preempted):
-        run.fit()
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -58,7 +58,7 @@ def _data(argv: list[str]) -> int:
             print(f"staged {name} in {data.fetch(name, args.data_dir)}")
     else:
         for name, ok in data.staged(args.data_dir).items():
-            print(f"{name:10s} {'staged' if ok else 'missing: python -m tutorial_lib data fetch ' + name}")
+            print(f"{name:12s} {'staged' if ok else 'missing: python -m tutorial_lib data fetch ' + name}")
     return 0
 
 

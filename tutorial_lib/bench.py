@@ -160,8 +160,11 @@ def measure_full(run: engine.Run, clock: WindowClock) -> engine.Result:
         return loss
 
     run.train_step = timed_step
-    with contextlib.redirect_stdout(io.StringIO()):  # the run's own "step k/N loss" lines
-        return run.fit()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # the run's own "step k/N loss" lines
+            return run.fit()
+    finally:
+        del run.train_step  # the closure refers to run: no reference cycle keeps its GPU memory alive
 
 
 # ---------------------------------------------------------------------------- bench

@@ -62,7 +62,7 @@ class TrainConfig:
     ddp_gradient_as_bucket_view: bool = True
     cudnn_benchmark: bool = True
     # input pipeline
-    loader: str = "dataloader"  # dataloader | prefetcher (copies on a side CUDA stream)
+    loader: str = "dataloader"  # dataloader | prefetcher (copies on a side CUDA stream) | gpu_resident
     num_workers: int = 2
     pin_memory: bool = True
     persistent_workers: bool = False

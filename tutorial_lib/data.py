@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import math
 import os
 from pathlib import Path
@@ -307,6 +308,11 @@ class LoaderInput:
     def epoch(self, epoch: int, start_batch: int = 0):
         self.loader.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
         self.loader.sampler.start = start_batch * self.loader.batch_size
+        if self.loader.num_workers and torch.cuda.is_initialized():
+            # Workers are forked copies of this process. Garbage that still holds CUDA memory (a reference
+            # cycle, an old traceback in a notebook) would be collected in a worker, whose CUDA calls abort
+            # it ("CUDA error: initialization error"): collect it here, before the fork.
+            gc.collect()
         return iter(self.loader)
 
 
