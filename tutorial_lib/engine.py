@@ -149,7 +149,8 @@ class Run:
         self.opt = self.make_optimizer()
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg, self.total_steps))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
-        self.step, self.losses, self.resumed_from = 0, [], None
+        self.step, self.resumed_from = 0, None
+        self.loss_log = LossLog(self.device)
         self.stop_requested = False
 
     def wrap(self, net: nn.Module) -> nn.Module:
@@ -214,8 +215,10 @@ class Run:
         self.maybe_resume()
         meter = StepMeter(self.device, skip=max(0, cfg.timing_warmup - self.step))
         writer = self.tensorboard_writer()
-        pending: list[torch.Tensor] = []
         progress = self.progress_bar()
+
+        def report(wait: bool = False) -> None:
+            self.report_losses(self.loss_log.ready(wait), writer, meter, progress)
         old_handler = self.catch_preemption()
         try:
             with profiling.profiler(cfg, env) as prof:
@@ -226,22 +229,30 @@ class Run:
                         t0 = time.perf_counter()
                         x, y = next(batches)
                         meter.data_wait(time.perf_counter() - t0)
-                    pending.append(self.train_step(x, y))
+                    self.loss_log.add(self.train_step(x, y))
                     self.step += 1
                     meter.step_end()
                     prof.step()
                     progress.update(1)
                     if self.step % cfg.log_every == 0 or self.step == self.total_steps:
-                        self.flush_losses(pending, writer, meter, progress)
+                        self.loss_log.ship(self.step)
+                        report()
                         if distributed.any_rank(self.stop_requested, env):
                             raise Preempted
                     elif not env.distributed and self.stop_requested:
-                        self.flush_losses(pending, writer, meter, progress)
                         raise Preempted
                     if cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
+                        self.loss_log.ship(self.step)
+                        report(wait=True)
                         self.save_checkpoint()
+                self.loss_log.ship(self.step)
+                report(wait=True)
         except Preempted:
+            self.loss_log.ship(self.step)
+            report(wait=True)
             self.save_checkpoint()
+            if env.distributed:  # no rank may exit (and have the launcher stop the others) before rank 0 saved
+                torch.distributed.barrier()
             log(env, f"preempted: checkpoint at step {self.step} in {self.out / 'checkpoint.pt'}; "
                      "run the same command again to continue")
             raise
@@ -254,23 +265,24 @@ class Run:
             self.save_checkpoint()
         return self.finish(meter, time.perf_counter() - t_start)
 
-    def flush_losses(self, pending, writer, meter, progress) -> None:
-        if not pending:
-            return
-        values = torch.stack(pending).float().tolist()  # one device sync per log interval, not per step
-        pending.clear()
-        self.losses.extend(values)
-        progress.set_postfix(loss=f"{values[-1]:.3f}", refresh=False)
-        if progress.disable:  # batch logs and pipes get a line per log interval instead of a bar
-            log(self.env, f"step {self.step}/{self.total_steps} loss {values[-1]:.4f}")
-        if writer:
-            writer.add_scalar("train/loss", sum(values) / len(values), self.step)
-            writer.add_scalar("train/lr", self.sched.get_last_lr()[0], self.step)
-            rate = meter.recent_rate(len(values))
-            if rate:
-                writer.add_scalar("perf/img_per_s", rate * self.batch * self.env.world_size, self.step)
-            if self.device.type == "cuda":
-                writer.add_scalar("perf/memory_mb", torch.cuda.max_memory_allocated(self.device) / 2**20, self.step)
+    @property
+    def losses(self) -> list[float]:
+        return self.loss_log.values
+
+    def report_losses(self, intervals, writer, meter, progress) -> None:
+        """Progress, log lines and TensorBoard scalars for the log intervals whose losses have arrived."""
+        for step, values in intervals:
+            progress.set_postfix(loss=f"{values[-1]:.3f}", refresh=False)
+            if progress.disable:  # batch logs and pipes get a line per log interval instead of a bar
+                log(self.env, f"step {step}/{self.total_steps} loss {values[-1]:.4f}")
+            if writer:
+                writer.add_scalar("train/loss", sum(values) / len(values), step)
+                writer.add_scalar("train/lr", self.sched.get_last_lr()[0], step)
+                rate = meter.recent_rate(len(values))
+                if rate:
+                    writer.add_scalar("perf/img_per_s", rate * self.batch * self.env.world_size, step)
+                if self.device.type == "cuda":
+                    writer.add_scalar("perf/memory_mb", torch.cuda.max_memory_allocated(self.device) / 2**20, step)
 
     def finish(self, meter: "StepMeter", wall: float) -> Result:
         cfg, env = self.cfg, self.env
@@ -342,6 +354,8 @@ class Run:
     def save_checkpoint(self) -> None:
         if not self.env.is_main:
             return
+        self.loss_log.ship(self.step)
+        self.loss_log.ready(wait=True)  # the checkpoint holds every loss so far (fit() has reported them)
         state = {"step": self.step, "model": self.net.state_dict(), "optimizer": self.opt.state_dict(),
                  "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(),
                  "losses": self.losses, "rng_cpu": torch.get_rng_state(), "config": self.cfg.to_dict(),
@@ -369,8 +383,51 @@ class Run:
         torch.set_rng_state(state["rng_cpu"])
         if "rng_cuda" in state and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng_cuda"], self.device)
-        self.step, self.losses, self.resumed_from = state["step"], list(state["losses"]), state["step"]
+        self.step, self.resumed_from = state["step"], state["step"]
+        self.loss_log.values = list(state["losses"])
         log(self.env, f"resuming from step {self.step} of {path} (resume=false starts afresh)")
+
+
+class LossLog:
+    """Losses come back from the GPU without stopping it. Reading a loss (`.item()`, `.tolist()`) waits for
+    the GPU to finish everything queued, after which it idles while Python queues the next step: on a fast
+    GPU that costs several percent. So each log interval's losses are copied to pinned host memory
+    asynchronously and read once the copy has finished, usually at the next interval."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.values: list[float] = []
+        self.pending: list[torch.Tensor] = []
+        self.inflight: list[tuple] = []  # (step, host tensor, event or None)
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.pending.append(loss)
+
+    def ship(self, step: int) -> None:
+        if not self.pending:
+            return
+        t = torch.stack(self.pending).float()
+        self.pending.clear()
+        if self.cuda:
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            self.inflight.append((step, host, done))
+        else:
+            self.inflight.append((step, t, None))
+
+    def ready(self, wait: bool = False) -> list[tuple[int, list[float]]]:
+        """(step, losses) of every shipped interval that has arrived, in order; with wait=True, all of them."""
+        out = []
+        while self.inflight and (wait or self.inflight[0][2] is None or self.inflight[0][2].query()):
+            step, host, done = self.inflight.pop(0)
+            if done is not None:
+                done.synchronize()
+            values = host.tolist()
+            self.values.extend(values)
+            out.append((step, values))
+        return out
 
 
 class StepMeter:
