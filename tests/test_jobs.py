@@ -184,6 +184,14 @@ def test_sweep_becomes_a_job_array_with_one_out_dir_per_point(tmp_path):
     assert "#SBATCH --array=0-1" in text and "%x-%A_%a.out" in text
     assert "0) out_dir=runs/sw/batch_size-8; program+=(batch_size=8) ;;" in text
     assert jobs.out_dirs(jobs.render_record(path)) == ["runs/sw/batch_size-8", "runs/sw/batch_size-16"]
+    assert "results: runs/sw/<point>/result.json" in text
+
+
+def test_a_num_workers_sweep_does_not_also_set_num_workers_from_slurm(tmp_path):
+    path = jobs.write("nw", tiny(out_dir="runs/nw"), site="local", jobs_dir=tmp_path, show=False,
+                      sweep={"num_workers": [0, 2]})
+    text = path.read_text()
+    assert "program+=(num_workers=2)" in text and "num_workers=$cpus_per_process" not in text
 
 
 def test_num_workers_comes_from_slurm_unless_the_config_sets_it():

@@ -308,7 +308,7 @@ class Program:
     out_dir: str | None = None
 
 
-def _training(cfg: TrainConfig, name: str, world_size: int) -> Program:
+def _training(cfg: TrainConfig, name: str, world_size: int, swept: set[str] = frozenset()) -> Program:
     if world_size > 1 and cfg.parallel != "ddp":
         raise UserError(f"this job starts {world_size} processes, but parallel={cfg.parallel!r}: add "
                         "parallel=ddp so that they train together (or ask for one GPU)")
@@ -328,7 +328,7 @@ def _training(cfg: TrainConfig, name: str, world_size: int) -> Program:
             raise UserError(f"{item.split('=')[0]} contains a line break; give it on one line")
     words = ["-m tutorial_lib train"]
     words += [shlex.quote(o) for o in overrides if not o.startswith("out_dir=")]
-    if not any(o.startswith("num_workers=") for o in overrides):
+    if "num_workers" not in swept and not any(o.startswith("num_workers=") for o in overrides):
         words.append('"num_workers=$cpus_per_process"  # one DataLoader worker per CPU of the process')
     return Program(words, True, True, overrides, cfg.out_dir)
 
@@ -403,7 +403,8 @@ def render(name: str, cfg: TrainConfig | None = None, *, site: str | None = None
     world = r.nodes * procs_per_node(r)
     if cfg is not None and r.nsys and not cfg.nvtx:
         cfg = cfg.replace(nvtx=True)  # the training marks forward, backward, optimizer... as NVTX ranges
-    program = _training(cfg, name, world) if cfg is not None else _command(command)
+    swept = {key for point in points for key in point}
+    program = _training(cfg, name, world, swept) if cfg is not None else _command(command)
     if r.line_profile and not program.training:
         raise UserError("line_profile profiles the training (-m tutorial_lib train); for a command of your own, "
                         "put kernprof -l in the command itself")
