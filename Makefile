@@ -33,7 +33,7 @@ lab: venv kernel
 	@echo "Starting JupyterLab on 127.0.0.1:$(PORT); open the URL with the token printed below."
 	@echo "On a cluster: ssh -L $(PORT):127.0.0.1:$(PORT) <login-node>, then open it locally."
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) --no-browser \
-		--ServerApp.root_dir=$(CURDIR)
+		--ServerApp.root_dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 workbook: venv
 	$(BIN)/python scripts/run_notebooks.py --out build/notebooks notebooks/*.ipynb
