@@ -163,7 +163,7 @@ class TrainConfig:
             value = getattr(self, f.name)
             if only_changed and value == getattr(default, f.name):
                 continue
-            out.append(f"{f.name}={_format(value)}")
+            out.append(f"{f.name}={format_value(value)}")
         return out
 
     def save_yaml(self, path: str | os.PathLike) -> Path:
@@ -228,7 +228,8 @@ def _suggest(word: str, known: dict) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _format(value: Any) -> str:
+def format_value(value: Any) -> str:
+    """A value as it is written on a command line: null, true/false, or str()."""
     if value is None:
         return "null"
     if isinstance(value, bool):

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, TrainConfig, UserError, load
+from .config import ConfigError, TrainConfig, UserError, format_value, load
 from .slurm import Job, SubmitError, submit  # noqa: F401  (tl.jobs.submit, tl.jobs.Job)
 from .slurm import available as slurm_available  # noqa: F401
 
@@ -354,18 +354,10 @@ def sweep_points(sweep: dict[str, list] | list[dict] | None) -> list[dict[str, s
             if not isinstance(sweep[key], (list, tuple)) or not sweep[key]:
                 raise UserError(f"sweep[{key!r}] must be a non-empty list of values, e.g. {{'{key}': [32, 64]}}")
         sweep = [dict(zip(keys, values)) for values in itertools.product(*(sweep[k] for k in keys))]
-    points = [{str(k): _format_value(v) for k, v in point.items()} for point in sweep]
+    points = [{str(k): format_value(v) for k, v in point.items()} for point in sweep]
     if len(points) > 1000:
         raise UserError(f"the sweep has {len(points)} points; a job array of at most 1000 tasks, please")
     return points
-
-
-def _format_value(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def _sweep_words(cfg: TrainConfig, points: list[dict[str, str]], base_out: str) -> list[dict]:
