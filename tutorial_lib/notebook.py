@@ -30,7 +30,9 @@ def setup(quiet: bool = False) -> Session:
     os.chdir(ROOT)
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")
     # for `%tensorboard`: the venv's bin/ on PATH, and on JupyterHub the proxy address for its iframe
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    bin_dir = str(Path(sys.executable).parent)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):  # running the cell again adds nothing
+        os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
     if "JUPYTERHUB_SERVICE_PREFIX" in os.environ:
         os.environ.setdefault("TENSORBOARD_PROXY_URL", os.environ["JUPYTERHUB_SERVICE_PREFIX"] + "proxy/%PORT%/")
     gpus = torch.cuda.device_count()
