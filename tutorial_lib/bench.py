@@ -22,13 +22,14 @@ import io
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from . import data, distributed, engine
 from .config import TrainConfig, UserError, load
+from .results import atomic_write_text
 
 MEASURES = ("io", "synthetic", "full")
 CLOSE = 0.10  # figures within 10% count as equal (≈): windows of one measure scatter by about that much
@@ -63,7 +64,6 @@ class BenchResult:
     bound: str | None  # "input", "compute", "balanced" (None when IO or SYNTHETIC was not measured)
     verdict: str | None
     full_data_wait_ms: float | None = None  # median time per step FULL waited for its batch (engine's meter)
-    extra: dict = field(default_factory=dict)
 
     def img_s(self, measure: str) -> float:
         return self.figures[measure].img_s
@@ -81,7 +81,7 @@ class BenchResult:
 
     def save(self, out_dir) -> Path:
         record = asdict(self)
-        return engine.atomic_write_text(Path(out_dir) / "bench.json", json.dumps(record, indent=1))
+        return atomic_write_text(Path(out_dir) / "bench.json", json.dumps(record, indent=1))
 
 
 # ---------------------------------------------------------------------------- timing

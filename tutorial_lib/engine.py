@@ -5,7 +5,6 @@ optimizer step; around it a throughput meter, TensorBoard scalars, checkpoints a
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -14,7 +13,6 @@ import statistics
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -23,62 +21,13 @@ from torch import nn
 
 from . import data, distributed, models, profiling
 from .config import ConfigError, TrainConfig, UserError
+from .results import Result, atomic_write_text, load_result  # noqa: F401  (tl.engine.Result)
 
 EXIT_PREEMPTED = 3  # the CLI's exit code after SIGUSR1: checkpoint written, rerun to continue
 
 
 class Preempted(Exception):
     """Raised after a SIGUSR1 (Slurm's warning before the time limit) once the checkpoint is written."""
-
-
-@dataclass
-class Result:
-    """Everything a run measured. Saved as <out_dir>/result.json by rank 0."""
-    config: dict
-    device: str
-    world_size: int
-    steps: int
-    global_batch: int
-    throughput_img_s: float
-    step_time_ms: dict
-    data_wait_ms: float
-    loss: list
-    final_loss: float
-    val_accuracy: float | None
-    peak_memory_mb: float | None
-    param_checksums: list
-    resumed_from_step: int | None
-    wall_time_s: float
-    torch_version: str = torch.__version__
-    extra: dict = field(default_factory=dict)
-
-    def summary(self) -> str:
-        acc = "n/a" if self.val_accuracy is None else f"{100 * self.val_accuracy:.1f}%"
-        mem = "n/a (CPU)" if self.peak_memory_mb is None else f"{self.peak_memory_mb:,.0f} MB"
-        return (f"{self.throughput_img_s:,.0f} img/s on {self.device} x{self.world_size} | step "
-                f"{self.step_time_ms['median']:.1f} ms (p10 {self.step_time_ms['p10']:.1f}, p90 "
-                f"{self.step_time_ms['p90']:.1f}) | loss {self.loss[0]:.3f} -> {self.final_loss:.3f} | "
-                f"val acc {acc} | peak mem {mem}")
-
-    def __repr__(self) -> str:
-        return f"Result({self.summary()})"
-
-    def save(self, out_dir: str | os.PathLike) -> Path:
-        return atomic_write_text(Path(out_dir) / "result.json", json.dumps(asdict(self), indent=1))
-
-
-def load_result(out_dir: str | os.PathLike) -> Result:
-    path = Path(out_dir) / "result.json"
-    if not path.is_file():
-        raise UserError(f"no result.json in {str(out_dir)!r}: the run did not finish (see its log)")
-    return Result(**json.loads(path.read_text()))
-
-
-def atomic_write_text(path: Path, text: str) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
 
 
 def device_name(device: torch.device) -> str:
@@ -302,7 +251,7 @@ class Run:
             data_wait_ms=statistics.median(meter.waits) * 1000 if meter.waits else 0.0,
             loss=self.losses, final_loss=self.losses[-1] if self.losses else float("nan"),
             val_accuracy=accuracy, peak_memory_mb=peak, param_checksums=checksums,
-            resumed_from_step=self.resumed_from, wall_time_s=wall)
+            resumed_from_step=self.resumed_from, wall_time_s=wall, torch_version=torch.__version__)
         if env.is_main:
             result.save(self.out)
         return result

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, TrainConfig, UserError, format_value, load
+from .results import result_line  # noqa: F401  (tl.jobs.result_line)
 from .slurm import Job, SubmitError, submit  # noqa: F401  (tl.jobs.submit, tl.jobs.Job)
 from .slurm import available as slurm_available  # noqa: F401
 
@@ -744,13 +745,6 @@ def _results_or_empty(job: Job) -> list[dict]:
     except UserError as e:
         print(f"(no result: {e})")
         return []
-
-
-def result_line(res: dict) -> str:
-    """One line on a result.json: throughput with its device, loss, accuracy."""
-    acc = "n/a" if res.get("val_accuracy") is None else f"{100 * res['val_accuracy']:.1f}%"
-    return (f"{res['throughput_img_s']:,.0f} img/s on {res['device']} x{res['world_size']}, {res['steps']} steps, "
-            f"final loss {res['final_loss']:.3f}, val acc {acc} ({res['config']['out_dir']})")
 
 
 def _print_states(job: Job) -> int:

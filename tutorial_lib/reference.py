@@ -1,0 +1,90 @@
+"""Reference figures: what a cell printed on a GPU, for notebooks whose committed outputs come from a CPU.
+
+A GPU script (scripts/gpu/*.sh) runs the lesson on a real card and writes `notebooks/reference/<name>.json`:
+
+    {"card": "NVIDIA H200", "gpus": 4, "torch": "2.11.0+cu130", "date": "2026-11-26",
+     "script": "scripts/gpu/mixed_precision.sh", "figures": {"fp32_img_s": 8938.2, ...}}
+
+A notebook shows them with `tl.reference.show(name, ...)`: the figures always carry the card, the torch
+version and the date of the run that produced them, and nothing is typed by hand. No torch here.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .config import UserError
+from .results import atomic_write_text
+
+FOLDER = Path(__file__).resolve().parents[1] / "notebooks" / "reference"
+KEYS = ("card", "gpus", "torch", "date", "script", "figures")
+
+
+def path(name: str, folder: str | os.PathLike | None = None) -> Path:
+    return Path(folder or FOLDER) / f"{name}.json"
+
+
+def load(name: str, folder: str | os.PathLike | None = None) -> dict[str, Any] | None:
+    """The reference record `name`, or None when no GPU run has written it yet."""
+    p = path(name, folder)
+    if not p.is_file():
+        return None
+    try:
+        record = json.loads(p.read_text())
+    except ValueError as e:
+        raise UserError(f"reference file {p} is not valid JSON ({e}); run its GPU script again "
+                        "(the 'script' named in it, or scripts/gpu/)") from None
+    missing = [k for k in KEYS if k not in record]
+    if missing:
+        raise UserError(f"reference file {p} lacks {', '.join(missing)}; write it with tl.reference.write")
+    return record
+
+
+def write(name: str, figures: dict[str, Any], *, script: str, card: str | None = None, gpus: int | None = None,
+          torch_version: str | None = None, folder: str | os.PathLike | None = None) -> Path:
+    """Record `figures` measured on this machine's GPU (card, count and torch version are read here)."""
+    if card is None or gpus is None or torch_version is None:
+        import torch  # only the GPU scripts call write(); notebooks and login nodes only read
+
+        if not torch.cuda.is_available() and card is None:
+            raise UserError("reference.write records GPU figures, but no CUDA GPU is visible here")
+        card = card or torch.cuda.get_device_name(0)
+        gpus = torch.cuda.device_count() if gpus is None else gpus
+        torch_version = torch_version or torch.__version__
+    record = {"card": card, "gpus": gpus, "torch": torch_version, "date": datetime.date.today().isoformat(),
+              "script": script, "figures": figures}
+    p = path(name, folder)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_text(p, json.dumps(record, indent=1, sort_keys=False) + "\n")
+
+
+def where(record: dict[str, Any]) -> str:
+    """'4x NVIDIA H200, torch 2.11.0+cu130, 2026-11-26' for a record."""
+    count = f"{record['gpus']}x " if record.get("gpus", 1) > 1 else ""
+    return f"{count}{record['card']}, torch {record['torch']}, {record['date']}"
+
+
+def show(name: str, keys: list[str] | tuple[str, ...] | None = None, fmt: str = "{:,.0f}", units: str = "",
+         folder: str | os.PathLike | None = None) -> dict[str, Any] | None:
+    """Print the reference figures `keys` (all when None) of `name` with where they were measured; returns
+    the figures, or None (and a sentence saying so) when no GPU run has written them yet."""
+    record = load(name, folder)
+    if record is None:
+        print(f"(no GPU reference run recorded yet for {name}: run scripts/gpu/ on a GPU node to write "
+              f"notebooks/reference/{name}.json)")
+        return None
+    figures = record["figures"]
+    chosen = list(figures) if keys is None else list(keys)
+    unknown = [k for k in chosen if k not in figures]
+    if unknown:
+        raise UserError(f"reference {name} has no figure {unknown[0]!r}; it has {', '.join(figures)}")
+    print(f"On {where(record)} ({record['script']}) this printed:")
+    width = max(len(k) for k in chosen) if chosen else 0
+    for k in chosen:
+        v = figures[k]
+        text = fmt.format(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+        print(f"  {k:<{width}}  {text}{' ' + units if units else ''}")
+    return {k: figures[k] for k in chosen}

@@ -1,0 +1,92 @@
+"""What a run measured: `Result`, saved as <out_dir>/result.json, and read back anywhere, torch or not
+(a login node collecting the results of batch jobs needs no GPU stack). Also the one atomic file write."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from .config import UserError
+
+
+@dataclass
+class Result:
+    """Everything a run measured. Saved as <out_dir>/result.json by rank 0."""
+    config: dict
+    device: str
+    world_size: int
+    steps: int
+    global_batch: int
+    throughput_img_s: float
+    step_time_ms: dict
+    data_wait_ms: float
+    loss: list
+    final_loss: float
+    val_accuracy: float | None
+    peak_memory_mb: float | None
+    param_checksums: list
+    resumed_from_step: int | None
+    wall_time_s: float
+    torch_version: str
+
+    def summary(self) -> str:
+        acc = "n/a" if self.val_accuracy is None else f"{100 * self.val_accuracy:.1f}%"
+        mem = "n/a (CPU)" if self.peak_memory_mb is None else f"{self.peak_memory_mb:,.0f} MB"
+        first = f"{self.loss[0]:.3f}" if self.loss else "n/a"
+        return (f"{self.throughput_img_s:,.0f} img/s on {self.device} x{self.world_size} | step "
+                f"{self.step_time_ms['median']:.1f} ms (p10 {self.step_time_ms['p10']:.1f}, p90 "
+                f"{self.step_time_ms['p90']:.1f}) | loss {first} -> {self.final_loss:.3f} | "
+                f"val acc {acc} | peak mem {mem}")
+
+    def __repr__(self) -> str:
+        return f"Result({self.summary()})"
+
+    def save(self, out_dir: str | os.PathLike) -> Path:
+        return atomic_write_text(Path(out_dir) / "result.json", json.dumps(_finite(asdict(self)), indent=1))
+
+
+def _finite(value):
+    """NaN and infinity are not JSON: they are written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def load_result(out_dir: str | os.PathLike) -> Result:
+    """The Result of the run in `out_dir` (its result.json)."""
+    path = Path(out_dir) / "result.json"
+    if not path.is_file():
+        raise UserError(f"no result.json in {str(out_dir)!r}: the run did not finish (see its log)")
+    try:
+        values = json.loads(path.read_text())
+        known = {f.name for f in fields(Result)}
+        return Result(**{k: v for k, v in values.items() if k in known})
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{path} is not a workbook result ({e}); run the training again to rewrite it") from None
+
+
+def result_line(res: dict) -> str:
+    """One line on a result.json (as a dict): throughput with its device, loss, accuracy."""
+    acc = "n/a" if res.get("val_accuracy") is None else f"{100 * res['val_accuracy']:.1f}%"
+    loss = "n/a" if res.get("final_loss") is None else f"{res['final_loss']:.3f}"
+    return (f"{res['throughput_img_s']:,.0f} img/s on {res['device']} x{res['world_size']}, {res['steps']} steps, "
+            f"final loss {loss}, val acc {acc} ({res['config']['out_dir']})")
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write `text` to `path` so that a crash never leaves a half-written file: a temporary file beside it,
+    then one rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
