@@ -13,7 +13,7 @@ from torch import nn
 
 from tutorial_lib import bench, data, models
 from tutorial_lib.__main__ import main
-from tutorial_lib.bench import Figure
+from tutorial_lib.bench import Measurement
 
 
 class SleepyNet(nn.Module):
@@ -89,7 +89,7 @@ def test_heavy_model_is_compute_bound(tiny_cfg, model_seconds):
 
 
 def fig(measure, img_s):
-    return Figure(measure, img_s, img_s, img_s, 4, 10, 0, [img_s])
+    return Measurement(measure, img_s, img_s, img_s, 4, 10, 0, [img_s])
 
 
 @pytest.mark.parametrize("io_, syn, full, cfg_kw, expected", [

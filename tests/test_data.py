@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from conftest import tiny
-from tutorial_lib import data, distributed, engine
-from tutorial_lib.config import TrainConfig, UserError
+from tutorial_lib import data, distributed, engine, shapes
+from tutorial_lib.config import DataNotFound, TrainConfig, UserError
 from tutorial_lib.imagefolder import FETCH, write_imagefolder
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -29,7 +29,7 @@ def assert_same(a, b):
 def test_device_augmentation_is_the_cpu_function(device):
     """The same draws give the same pixels: per image on the CPU (as a DataLoader worker does) and as one
     batch on the device (as loader=gpu_resident does)."""
-    x = torch.from_numpy(data.make_shapes(64, seed=3)[0]).permute(0, 3, 1, 2)
+    x = torch.from_numpy(shapes.make_shapes(64, seed=3)[0]).permute(0, 3, 1, 2)
     offsets, flips = data.draw_augment(64, torch.Generator().manual_seed(5))
     per_image = torch.cat([data.crop_flip(x[i:i + 1], offsets[i:i + 1], flips[i:i + 1]) for i in range(64)])
     on_device = data.crop_flip(x.to(device), offsets.to(device), flips.to(device)).cpu()
@@ -121,7 +121,7 @@ def test_imagefolder_holds_the_shapes_pixels_as_png_files(folder):
 
     assert data.staged(str(folder))["imagefolder"]
     ds = imagefolder_dataset(TrainConfig(dataset="imagefolder", data_dir=str(folder)), "train")
-    images, labels = data.make_shapes(120, seed=0)
+    images, labels = shapes.make_shapes(120, seed=0)
     assert len(ds) == 120 and ds.samples[0][0].endswith(".png")
     for i in range(0, 120, 7):
         x, label = ds[i]
@@ -142,12 +142,12 @@ def test_imagefolder_trains_through_both_loaders(folder, tiny_cfg):
 def test_imagefolder_missing_or_too_small_names_the_command(folder, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = TrainConfig(dataset="imagefolder")  # data_dir="data", relative to where the run starts
-    with pytest.raises(data.DataNotFound, match="not staged in 'data'; run `python -m tutorial_lib data fetch "
+    with pytest.raises(DataNotFound, match="not staged in 'data'; run `python -m tutorial_lib data fetch "
                                                 "imagefolder` "):
         data.build_loader(cfg, "train")
-    with pytest.raises(data.DataNotFound, match=f"run `{FETCH} --data-dir elsewhere`"):
+    with pytest.raises(DataNotFound, match=f"run `{FETCH} --data-dir elsewhere`"):
         data.build_loader(cfg.replace(data_dir="elsewhere"), "train")
-    with pytest.raises(data.DataNotFound, match="train_size=500 but .* holds 120 images"):
+    with pytest.raises(DataNotFound, match="train_size=500 but .* holds 120 images"):
         data.build_loader(cfg.replace(data_dir=str(folder), train_size=500), "train")
 
 

@@ -9,18 +9,18 @@ import pytest
 import torch
 
 from conftest import cli, interrupted_at
-from tutorial_lib import data, engine
+from tutorial_lib import data, engine, shapes
 from tutorial_lib.engine import Run
 
 
 def test_shapes_deterministic_from_seed():
-    a, ya = data.make_shapes(300, seed=5)
-    b, yb = data.make_shapes(300, seed=5)
-    c, _ = data.make_shapes(300, seed=6)
+    a, ya = shapes.make_shapes(300, seed=5)
+    b, yb = shapes.make_shapes(300, seed=5)
+    c, _ = shapes.make_shapes(300, seed=6)
     assert a.shape == (300, 32, 32, 3) and a.dtype == np.uint8
     assert np.array_equal(a, b) and np.array_equal(ya, yb)
     assert not np.array_equal(a, c)
-    head, _ = data.make_shapes(50, seed=5)  # a smaller set is a prefix of the larger one
+    head, _ = shapes.make_shapes(50, seed=5)  # a smaller set is a prefix of the larger one
     assert np.array_equal(head, a[:50])
     assert set(np.unique(ya)) == set(range(10))
 
@@ -36,7 +36,7 @@ def test_shapes_is_learnable_on_cpu(tmp_path):
 
 
 def test_augmentation_crop_flip_matches_reference():
-    x = torch.from_numpy(data.make_shapes(16, seed=0)[0]).permute(0, 3, 1, 2)
+    x = torch.from_numpy(shapes.make_shapes(16, seed=0)[0]).permute(0, 3, 1, 2)
     offsets, flips = data.draw_augment(16, torch.Generator().manual_seed(1))
     out = data.crop_flip(x, offsets, flips)
     padded = torch.nn.functional.pad(x, (4, 4, 4, 4))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tutorial_lib import jobs
+from tutorial_lib import jobs, sites
 from tutorial_lib.config import TrainConfig, UserError
 from tutorial_lib.slurm import Job, SubmitError, _parse_record
 
@@ -24,7 +24,7 @@ def tiny(**kw) -> TrainConfig:
 
 
 def account_for(site: str) -> dict:
-    return {"account": "proj1"} if jobs.load_site(site).account_required else {}
+    return {"account": "proj1"} if sites.load_site(site).account_required else {}
 
 
 LAYOUTS = {
@@ -49,7 +49,7 @@ def check_bash(path: Path) -> None:
 
 @pytest.mark.parametrize("extra", EXTRAS)
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("site", jobs.site_names())
+@pytest.mark.parametrize("site", sites.site_names())
 def test_every_launch_mode_on_every_site_is_valid_bash(tmp_path, site, layout, extra):
     cfg = tiny(parallel="none" if layout == "single" else "ddp")
     extras = dict(EXTRAS[extra], line_profile=True) if extra == "everything" and layout == "single" else EXTRAS[extra]
@@ -156,7 +156,7 @@ def test_a_profile_of_your_own_renders_and_renders_again(tmp_path):
     assert jobs.stale(tmp_path) == [path]  # the profile changed: the file is stale
     mine.write_text("partition: gpu\ncolour: blue\n")
     with pytest.raises(UserError, match="unknown key 'colour'"):
-        jobs.load_site(str(mine))
+        sites.load_site(str(mine))
 
 
 def test_optional_pieces_are_switched_by_arguments():
@@ -259,7 +259,7 @@ def test_override_values_are_quoted_for_the_shell():
 @pytest.mark.parametrize("value, seconds", [("90", 5400), ("10:30", 630), ("02:00:00", 7200), ("1-0", 86400),
                                             ("1-12:30", 131400), ("0-00:00:45", 45)])
 def test_slurm_time_formats(value, seconds):
-    assert jobs.time_seconds(value) == seconds
+    assert sites.time_seconds(value) == seconds
 
 
 def test_committed_job_files_are_fresh():

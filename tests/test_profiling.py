@@ -82,7 +82,7 @@ def test_too_few_steps_for_the_profiler_schedule_names_the_fix(tmp_path):
 
 
 def test_ddp_run_writes_a_trace_per_rank_summarised_side_by_side(tmp_path):
-    from tutorial_lib.distributed import launch
+    from tutorial_lib.engine import launch
 
     launch(tiny(tmp_path / "ddp", **PROFILE), nproc=2, timeout=240)
     s = summarize(tmp_path / "ddp")

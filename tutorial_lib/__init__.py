@@ -5,11 +5,7 @@
     result = tl.train(cfg)            # this process: one device or DataParallel
     result = tl.launch(cfg, nproc=2)  # DDP through torchrun, from a notebook cell
 """
-from pathlib import Path
-
-from .config import ConfigError, TrainConfig, UserError, load
-
-ROOT = Path(__file__).resolve().parents[1]  # the workbook checkout (notebooks/, jobs/, data/ live here)
+from .config import ROOT, ConfigError, TrainConfig, UserError, load
 
 __all__ = ["ConfigError", "ROOT", "TrainConfig", "UserError", "launch", "load", "load_result", "train"]
 
@@ -20,14 +16,14 @@ SUBMODULES = ("bench", "config", "data", "distributed", "engine", "imagefolder",
 
 def __getattr__(name):
     # torch is imported on first use, so `tutorial_lib.config` and `tutorial_lib.jobs` work without it
-    if name in ("train", "load_result", "Result"):
+    if name in ("train", "launch"):
         from . import engine
 
         return getattr(engine, name)
-    if name == "launch":
-        from .distributed import launch
+    if name in ("load_result", "Result"):
+        from . import results
 
-        return launch
+        return getattr(results, name)
     if name in SUBMODULES:
         import importlib
 

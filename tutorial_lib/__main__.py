@@ -1,27 +1,47 @@
-"""Command line: python -m tutorial_lib {train,data,jobs,bench} ...
+"""The whole command line: python -m tutorial_lib {train,bench,data,jobs} ...
 
     python -m tutorial_lib train dataset=shapes model=resnet18 steps=40 batch_size=32 out_dir=runs/demo
+    python -m tutorial_lib train --config configs/baseline.yaml precision=bf16
     torchrun --nproc_per_node=2 -m tutorial_lib train parallel=ddp ...
-    python -m tutorial_lib data fetch cifar10
+    python -m tutorial_lib bench loader=gpu_resident precision=bf16     # IO / SYNTHETIC / FULL and a verdict
+    python -m tutorial_lib data fetch cifar10                           # on a login node with internet
     python -m tutorial_lib jobs render --site generic --name demo steps=100
+    python -m tutorial_lib jobs submit jobs/demo.sbatch --wait
+
+Each subcommand is one function below; each imports the module that does the work, so "go to definition"
+from here lands in the right file. Bad input ends in one line, `error: ...`, and exit code 2.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
+import os
+import shlex
 import sys
+from dataclasses import fields
 
-from .config import TrainConfig, UserError, load
+from .config import UserError, key_help, load
 
 
-def _train(argv: list[str]) -> int:
-    from dataclasses import fields
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML file of TrainConfig fields (named ones in configs/); key=value wins")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="TrainConfig fields; the keys are below")
 
-    p = argparse.ArgumentParser(prog="python -m tutorial_lib train",
-                                description="Train with the workbook's engine; writes <out_dir>/result.json.",
-                                epilog="keys: " + ", ".join(f.name for f in fields(TrainConfig)))
-    p.add_argument("--config", help="YAML file of TrainConfig fields")
-    p.add_argument("overrides", nargs="*", metavar="key=value")
+
+def _keys_epilog() -> str:
+    return "keys (default; allowed values) meaning:\n" + "\n".join(
+        f"  {name}={default}{f'  ({allowed})' if allowed else ''}  {meaning}"
+        for name, (default, allowed, meaning) in key_help().items())
+
+
+def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=prog, description=description, epilog=_keys_epilog(),
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+# ---------------------------------------------------------------------------------------------- train
+def train(argv: list[str]) -> int:
+    p = _parser("python -m tutorial_lib train", "Train with the workbook's engine; writes <out_dir>/result.json.")
+    _config_args(p)
     args = p.parse_args(argv)
     cfg = load(args.config, args.overrides)  # bad input fails here, before torch is imported
     from . import engine
@@ -30,19 +50,39 @@ def _train(argv: list[str]) -> int:
         result = engine.train(cfg)
     except engine.Preempted:
         return engine.EXIT_PREEMPTED
-    if result.config and _is_main():
+    if os.environ.get("RANK", "0") == "0":
         print(result.summary())
         print(f"wrote {cfg.out_dir}/result.json")
     return 0
 
 
-def _is_main() -> bool:
-    import os
+# ---------------------------------------------------------------------------------------------- bench
+def bench(argv: list[str]) -> int:
+    from . import bench as bench_module
 
-    return os.environ.get("RANK", "0") == "0"
+    p = _parser("python -m tutorial_lib bench", bench_module.__doc__.split("\n\n", 1)[1])
+    p.add_argument("--steps", type=int, help="timed steps per measure (default: steps=, else 100)")
+    p.add_argument("--window", type=int, help="steps per timed window (default: steps / 10)")
+    p.add_argument("--warmup", type=int, help="untimed steps first (default: timing_warmup=)")
+    p.add_argument("--measures", default=",".join(bench_module.MEASURES),
+                   help="comma-separated subset of io,synthetic,full")
+    _config_args(p)
+    args = p.parse_args(argv)
+    for name in ("steps", "window", "warmup"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "warmup" else 1):
+            raise UserError(f"--{name}={value} must be {'>= 0' if name == 'warmup' else 'a positive integer'}")
+    cfg = load(args.config, args.overrides)
+    result = bench_module.bench(cfg, args.steps, args.window, args.warmup,
+                                tuple(m for m in args.measures.split(",") if m))
+    if os.environ.get("RANK", "0") == "0":
+        print(result.summary())
+        print(f"wrote {cfg.out_dir}/bench.json")
+    return 0
 
 
-def _data(argv: list[str]) -> int:
+# ---------------------------------------------------------------------------------------------- data
+def data(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m tutorial_lib data")
     sub = p.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fetch", help="download a dataset into data/ (on a login node with internet)")
@@ -51,34 +91,145 @@ def _data(argv: list[str]) -> int:
     s = sub.add_parser("status", help="which datasets are staged")
     s.add_argument("--data-dir", default="data")
     args = p.parse_args(argv)
-    from . import data
+    from . import data as data_module
 
     if args.cmd == "fetch":
         for name in args.name:
-            print(f"staged {name} in {data.fetch(name, args.data_dir)}")
+            print(f"staged {name} in {data_module.fetch(name, args.data_dir)}")
     else:
-        for name, ok in data.staged(args.data_dir).items():
+        for name, ok in data_module.staged(args.data_dir).items():
             print(f"{name:12s} {'staged' if ok else 'missing: python -m tutorial_lib data fetch ' + name}")
     return 0
 
 
-COMMANDS = {"train": _train, "data": _data}
-PLUGINS = {"jobs": "tutorial_lib.jobs", "bench": "tutorial_lib.bench"}  # modules with cli(argv) -> int
+# ---------------------------------------------------------------------------------------------- jobs
+def jobs(argv: list[str]) -> int:
+    """`jobs render|submit|status|sites|check`: Slurm job files (tutorial_lib/jobs.py, slurm.py, sites.py)."""
+    p = _jobs_parser()
+    args, extra = p.parse_known_args(argv)
+    if args.cmd == "render":  # key=value overrides may come before, between or after the options
+        args.overrides += [x for x in extra if "=" in x and not x.startswith("-")]
+        extra = [x for x in extra if x not in args.overrides]
+    if extra:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    return {"render": _jobs_render, "submit": _jobs_submit, "status": _jobs_status, "sites": _jobs_sites,
+            "check": _jobs_check}[args.cmd](args)
+
+
+def _jobs_parser() -> argparse.ArgumentParser:
+    from .jobs import DEFAULT_LINE_PROFILE, Resources
+    from .sites import default_site, site_names
+
+    p = argparse.ArgumentParser(prog="python -m tutorial_lib jobs",
+                                description="Render, submit and follow the workbook's Slurm jobs.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("render", help="write jobs/NAME.sbatch and print its path")
+    r.add_argument("--site", default=None, help=f"site profile: {', '.join(site_names())} or a YAML file "
+                   f"(default: $WORKBOOK_SITE or generic; now {default_site()})")
+    r.add_argument("--name", required=True, help="the file's name (jobs/NAME.sbatch) and the job's name")
+    r.add_argument("--description", help="one line on what the job is for (its header)")
+    for f in fields(Resources):
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "line_profile":
+            r.add_argument(flag, nargs="?", const=True, default=None, metavar="TARGETS",
+                           help=f"kernprof -l (default targets {DEFAULT_LINE_PROFILE})")
+        elif f.name == "nsys":
+            r.add_argument(flag, action="store_true", default=None, help="nsys profile with NVTX ranges")
+        else:
+            r.add_argument(flag, type=int if "int" in str(f.type) else str, default=None, metavar=f.name.upper())
+    r.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
+                   help="a job array over every combination of the values (repeat for more keys)")
+    r.add_argument("--point", action="append", default=[], metavar="'K=V K=V'", help="one array task's overrides")
+    r.add_argument("--command", help="run this command instead of the training")
+    r.add_argument("--jobs-dir", default=None, help="where to write (default: the workbook's jobs/)")
+    r.add_argument("--show", action="store_true", help="also print the file")
+    _config_args(r)
+    s = sub.add_parser("submit", help="sbatch a file from the top of the workbook; --wait follows it to the end")
+    s.add_argument("path")
+    s.add_argument("--wait", action="store_true", help="wait until the job ends; show its log and result")
+    s.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
+    sub.add_parser("status", help="the state of a job (array: of each task)").add_argument("job_id")
+    sub.add_parser("sites", help="the site profiles")
+    c = sub.add_parser("check", help="fail if a jobs/*.sbatch file is stale (differs from a fresh render)")
+    c.add_argument("--jobs-dir", default=None)
+    return p
+
+
+def _jobs_render(args) -> int:
+    from .jobs import Resources, shown_path, sweep_from_cli, write
+
+    values = {f.name: getattr(args, f.name) for f in fields(Resources) if getattr(args, f.name) is not None}
+    if args.command and (args.overrides or args.config or args.sweep or args.point):
+        raise UserError("--command runs a command of yours: leave out key=value overrides, --config and sweeps")
+    sweep = sweep_from_cli(args.sweep, [shlex.split(point) for point in args.point])
+    cfg = None if args.command else load(args.config, args.overrides)
+    path = write(args.name, cfg, site=args.site, command=args.command, sweep=sweep, description=args.description,
+                 jobs_dir=args.jobs_dir, show=args.show, **values)
+    print(shown_path(path))
+    return 0
+
+
+def _jobs_submit(args) -> int:
+    from .jobs import submit
+    from .results import result_line
+
+    job = submit(args.path)
+    print(f"submitted job {job.id}: {args.path}")
+    if not args.wait:
+        print(f"follow it: squeue -j {job.id}; python -m tutorial_lib jobs status {job.id}")
+        return 0
+    state = job.wait(timeout=args.timeout)
+    print(f"job {job.id} {state}, exit code {job.exit_code()}; log {job.log_path()} ends with:")
+    print(job.log(lines=15))
+    if state == "COMPLETED":
+        try:
+            for i, res in enumerate(job.results()):
+                print(f"result {i}: " + result_line(res))
+        except UserError as e:
+            print(f"(no result: {e})")
+    return 0 if state == "COMPLETED" else 1
+
+
+def _jobs_status(args) -> int:
+    from .slurm import Job
+
+    for task, state in Job(args.job_id).states().items():
+        print(f"{task} {state}")
+    return 0
+
+
+def _jobs_sites(args) -> int:
+    from .sites import load_site, site_names
+
+    for name in site_names():
+        print(f"{name:12s} {load_site(name).description}")
+    return 0
+
+
+def _jobs_check(args) -> int:
+    from .jobs import render_command, render_record, shown_path, stale
+
+    bad = stale(args.jobs_dir)
+    for path in bad:
+        print(f"stale: {shown_path(path)} (render it again from its notebook, or: "
+              f"{render_command(render_record(path))})")
+    return 1 if bad else 0
+
+
+# ---------------------------------------------------------------------------------------------- main
+COMMANDS = {"train": train, "bench": bench, "data": data, "jobs": jobs}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    names = sorted([*COMMANDS, *PLUGINS])
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     try:
-        if cmd in COMMANDS:
-            return COMMANDS[cmd](rest)
-        if cmd in PLUGINS:
-            return importlib.import_module(PLUGINS[cmd]).cli(rest)
-        raise UserError(f"unknown command {cmd!r}; one of {', '.join(names)}")
+        if cmd not in COMMANDS:
+            raise UserError(f"unknown command {cmd!r}; one of {', '.join(sorted(COMMANDS))}")
+        return COMMANDS[cmd](rest)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -15,7 +15,6 @@ stays in cache and flatters SYNTHETIC) and per-rank timing (not rank 0 only) kee
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import io
@@ -28,7 +27,7 @@ from pathlib import Path
 import torch
 
 from . import data, distributed, engine
-from .config import TrainConfig, UserError, load
+from .config import TrainConfig, UserError, usable_cpus
 from .results import atomic_write_text
 
 MEASURES = ("io", "synthetic", "full")
@@ -37,7 +36,7 @@ FULL_SIZES = {"shapes": 50_000, "imagefolder": 50_000, "cifar10": 50_000, "cifar
 
 
 @dataclass
-class Figure:
+class Measurement:
     """One measure of the job: images/s of its slowest rank (times the world size) and that rank's spread."""
     measure: str
     img_s: float  # the job's figure: median window of the slowest rank x world size
@@ -60,7 +59,7 @@ class BenchResult:
     device: str
     world_size: int
     global_batch: int
-    figures: dict  # measure -> Figure
+    figures: dict  # measure -> Measurement
     bound: str | None  # "input", "compute", "balanced" (None when IO or SYNTHETIC was not measured)
     verdict: str | None
     full_data_wait_ms: float | None = None  # median time per step FULL waited for its batch (engine's meter)
@@ -112,7 +111,7 @@ class WindowClock:
         return [b - a for a, b in zip(self.marks, self.marks[1:])]
 
 
-def figure(measure: str, clock: WindowClock, batch: int, env) -> Figure:
+def measurement(measure: str, clock: WindowClock, batch: int, env) -> Measurement:
     """The job's figure from every rank's windows (gathered): the slowest rank's median, with its spread."""
     rates = [clock.window * batch / s for s in clock.window_seconds()]
     if not rates:
@@ -121,7 +120,7 @@ def figure(measure: str, clock: WindowClock, batch: int, env) -> Figure:
     medians = [statistics.median(r) for r in every]
     slow = min(range(len(medians)), key=medians.__getitem__)
     w = env.world_size
-    return Figure(measure, medians[slow] * w, min(every[slow]) * w, max(every[slow]) * w, len(rates), clock.window,
+    return Measurement(measure, medians[slow] * w, min(every[slow]) * w, max(every[slow]) * w, len(rates), clock.window,
                   slow, medians)
 
 
@@ -187,17 +186,11 @@ def bench(cfg: TrainConfig, steps: int | None = None, window: int | None = None,
     prefetched = cfg.num_workers * cfg.prefetch_factor if cfg.loader != "gpu_resident" else 0
     run_cfg = cfg.replace(steps=warmup + prefetched + n_windows * window, timing_warmup=warmup + prefetched,
                           resume=False, eval=False, ckpt_every=0, profile=False, progress=False)
-    env = distributed.setup(cfg.parallel, cfg.device)
-    try:
-        run_cfg.check_runtime(env.device.type, env.world_size, env.launched)
-        Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
-        run = engine.Run(run_cfg, env)
-        result = _measure(run, env, measures, n_windows, window, warmup, prefetched, pool)
-        if env.is_main:
+    with engine.prepared_run(run_cfg) as run:
+        result = _measure(run, run.env, measures, n_windows, window, warmup, prefetched, pool)
+        if run.env.is_main:
             result.save(cfg.out_dir)
         return result
-    finally:
-        distributed.teardown(env)
 
 
 def _measure(run, env, measures, n_windows, window, warmup, prefetched, pool_size) -> BenchResult:
@@ -208,23 +201,23 @@ def _measure(run, env, measures, n_windows, window, warmup, prefetched, pool_siz
     if "io" in measures:
         io_clock = clock(prefetched)
         pool = measure_io(run, io_clock, pool_size)
-        figures["io"] = figure("io", io_clock, run.batch, env)
+        figures["io"] = measurement("io", io_clock, run.batch_size, env)
     elif "synthetic" in measures:
         pool = measure_io(run, WindowClock(env.device, pool_size, 1, 0), pool_size)  # untimed
     if "synthetic" in measures:
         c = clock(0)
         measure_synthetic(run, c, pool)
-        figures["synthetic"] = figure("synthetic", c, run.batch, env)
+        figures["synthetic"] = measurement("synthetic", c, run.batch_size, env)
     del pool
     if "full" in measures:
         c = clock(prefetched)
         full = measure_full(run, c)
-        figures["full"] = figure("full", c, run.batch, env)
+        figures["full"] = measurement("full", c, run.batch_size, env)
     bound, text = None, None
     if "io" in figures and "synthetic" in figures:
         bound, text = verdict(figures, run.cfg, env.device.type)
     device = engine.device_name(env.device)
-    return BenchResult(run.cfg.to_dict(), device, env.world_size, run.batch * env.world_size, figures, bound, text,
+    return BenchResult(run.cfg.to_dict(), device, env.world_size, run.batch_size * env.world_size, figures, bound, text,
                        full.data_wait_ms if full else None)
 
 
@@ -267,7 +260,7 @@ def dataset_mb(cfg: TrainConfig) -> float:
 
 def input_knob(cfg: TrainConfig, device_type: str) -> str:
     """What to change when the input pipeline is the limit."""
-    cpus = data.cpus_per_task()
+    cpus = usable_cpus()
     if cfg.loader == "gpu_resident":
         return ("the input already runs on the device: raise batch_size (fewer, larger augmentation launches), "
                 "or time it with augment=false")
@@ -296,36 +289,10 @@ def compute_knob(cfg: TrainConfig, device_type: str) -> str:
 
 
 def _contention_hint(cfg: TrainConfig, device_type: str) -> str:
-    cpus = data.cpus_per_task()
+    cpus = usable_cpus()
     if cfg.loader != "gpu_resident" and cfg.num_workers >= cpus - 1:
         workers = f"{cfg.num_workers} worker{'s' if cfg.num_workers != 1 else ''}"
         return f"{workers} and the training loop share {cpus} CPUs: try fewer workers"
     if device_type == "cuda" and not cfg.pin_memory:
         return "pageable host-to-device copies block the loop: pin_memory=true"
     return "CPU time, memory bandwidth or host-device syncs shared by both"
-
-
-# ---------------------------------------------------------------------------- CLI
-def cli(argv: list[str]) -> int:
-    from dataclasses import fields
-
-    p = argparse.ArgumentParser(
-        prog="python -m tutorial_lib bench", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=__doc__.split("\n\n", 1)[1], epilog="keys: " + ", ".join(f.name for f in fields(TrainConfig)))
-    p.add_argument("--config", help="YAML file of TrainConfig fields")
-    p.add_argument("--steps", type=int, help="timed steps per measure (default: steps=, else 100)")
-    p.add_argument("--window", type=int, help="steps per timed window (default: steps / 10)")
-    p.add_argument("--warmup", type=int, help="untimed steps first (default: timing_warmup=)")
-    p.add_argument("--measures", default=",".join(MEASURES), help="comma-separated subset of io,synthetic,full")
-    p.add_argument("overrides", nargs="*", metavar="key=value")
-    args = p.parse_args(argv)
-    for name in ("steps", "window", "warmup"):
-        value = getattr(args, name)
-        if value is not None and value < (0 if name == "warmup" else 1):
-            raise UserError(f"--{name}={value} must be {'>= 0' if name == 'warmup' else 'a positive integer'}")
-    cfg = load(args.config, args.overrides)
-    result = bench(cfg, args.steps, args.window, args.warmup, tuple(m for m in args.measures.split(",") if m))
-    if distributed.read_env().is_main:
-        print(result.summary())
-        print(f"wrote {cfg.out_dir}/bench.json")
-    return 0

@@ -1,12 +1,14 @@
 """TrainConfig: every knob of a training run, validated, loadable from YAML, overridable with key=value.
 
+Also the few facts every layer needs once: the workbook's root folder, the CPUs this process may use and
+the one rule for DataLoader workers, the multiprocessing start method, and every error class.
 This module never imports torch, so job rendering (`tutorial_lib.jobs`) can use it on a login node.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,59 @@ class ConfigError(UserError):
     """A bad configuration value; the message names the field, the value and what is allowed."""
 
 
+class DataNotFound(UserError):
+    """A dataset that is not staged where the run looks for it; the message names the command that stages it."""
+
+
+ROOT = Path(__file__).resolve().parents[1]  # the workbook checkout: notebooks/, jobs/, data/, configs/ live here
+CONFIGS_DIR = ROOT / "configs"
+
+
+def usable_cpus() -> int:
+    """CPUs this process may use: the Slurm allocation (SLURM_CPUS_PER_TASK) inside a job, else the CPUs it
+    is pinned to (the affinity mask; os.cpu_count() where there is none, as on macOS). Not os.cpu_count():
+    on a shared node that counts CPUs that belong to other jobs."""
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        return int(slurm)
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def default_workers(cpus: int | None = None) -> int:
+    """The workbook's one rule for DataLoader workers: the process's CPUs minus one for the training loop,
+    at most 8 (more rarely helps one GPU and multiplies memory)."""
+    cpus = usable_cpus() if cpus is None else cpus
+    return max(0, min(8, cpus - 1))
+
+
+def mp_context():
+    """The start method for worker processes: fork (fast, works from notebooks), spawn where fork is missing."""
+    import multiprocessing as mp
+
+    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+
+
+def suggest(word: str, known) -> str:
+    """' (did you mean 'x'?)' for a mistyped name, or ''."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_world(parallel: str, world_size: int) -> None:
+    """The one rule tying parallel= to the number of processes, for a run (engine) and a job (jobs)."""
+    if world_size > 1 and parallel != "ddp":
+        raise ConfigError(f"{world_size} processes were started but parallel={parallel!r}; add parallel=ddp so "
+                          "that they train together, or start one process")
+    if world_size == 1 and parallel == "ddp":
+        raise ConfigError("parallel='ddp' needs several processes but one was started; start N with "
+                          "tl.launch(cfg, nproc=N), `torchrun --nproc_per_node=N` or a job with gpus_per_node=N, "
+                          "or use parallel=none")
+
+
 DATASETS = ("shapes", "cifar10", "cifar100", "mnist", "imagefolder")
 MODELS = ("resnet18", "resnet18_imagenet", "mnist_cnn")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
@@ -28,66 +83,68 @@ OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("constant", "cosine")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 LOADERS = ("dataloader", "prefetcher", "gpu_resident")
+CHOICES = {"dataset": DATASETS, "model": MODELS, "precision": PRECISIONS, "parallel": PARALLEL, "device": DEVICES,
+           "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "compile_mode": COMPILE_MODES, "loader": LOADERS}
 
 
 @dataclass
 class TrainConfig:
     # what to train
-    dataset: str = "shapes"
-    data_dir: str = "data"
-    model: str = "resnet18"
-    train_size: int | None = None  # limit the training set to this many images (None: all)
-    val_size: int | None = None  # limit the validation set
+    dataset: str = "shapes"  # shapes is generated in memory; the others are staged by `make data`
+    data_dir: str = "data"  # where staged datasets live (a shared read-only copy works)
+    model: str = "resnet18"  # resnet18: CIFAR stem (32x32 stays 32x32); resnet18_imagenet: 7x7 stem, ~16x less work
+    train_size: int | None = None  # limit the training set to this many images (null: all)
+    val_size: int | None = None  # limit the validation set (null: all)
     augment: bool = True  # random crop with padding + horizontal flip
     # how long
     batch_size: int = 128  # per device; the global batch is batch_size x world size
     global_batch_size: int | None = None  # if set, batch_size = global_batch_size / world size
-    steps: int | None = None  # optimizer steps; None: run `epochs` full epochs
-    epochs: int = 1
+    steps: int | None = None  # optimizer steps; null: run `epochs` full epochs
+    epochs: int = 1  # full passes over the training set when steps is null
     # optimizer
     optimizer: str = "adamw"  # adamw learns the shapes set in a CPU minute; sgd is the classic CIFAR recipe
-    lr: float = 2e-3
+    lr: float = 2e-3  # peak learning rate (after warm-up)
     momentum: float = 0.9  # sgd only
-    weight_decay: float = 0.05
-    lr_schedule: str = "cosine"
-    warmup_steps: int = 0
+    weight_decay: float = 0.05  # decoupled for adamw, L2 for sgd
+    lr_schedule: str = "cosine"  # after warm-up: constant, or cosine decay to zero at the last step
+    warmup_steps: int = 0  # steps of linear learning-rate warm-up from 0
     # speed knobs
-    precision: str = "fp32"
-    channels_last: bool = False
-    compile: bool = False
-    compile_mode: str = "default"
-    parallel: str = "none"
-    ddp_bucket_cap_mb: int = 25
-    ddp_static_graph: bool = False
-    ddp_gradient_as_bucket_view: bool = True
-    cudnn_benchmark: bool = True
+    precision: str = "fp32"  # fp32 (TF32 off), tf32, bf16 or fp16 autocast (fp16 adds a GradScaler)
+    channels_last: bool = False  # NHWC memory layout: what tensor cores want for convolutions
+    compile: bool = False  # torch.compile the model
+    compile_mode: str = "default"  # reduce-overhead records CUDA graphs (removes kernel-launch cost)
+    parallel: str = "none"  # none, dp (nn.DataParallel in one process) or ddp (one process per device)
+    ddp_bucket_cap_mb: int = 25  # size of DDP's gradient buckets, each all-reduced as one message
+    ddp_static_graph: bool = False  # tell DDP the graph never changes (skips per-step bookkeeping)
+    ddp_gradient_as_bucket_view: bool = True  # gradients live in DDP's buckets (no extra copy)
+    cudnn_benchmark: bool = True  # let cuDNN time its algorithms for each new input shape
     # input pipeline
     loader: str = "dataloader"  # dataloader | prefetcher (copies on a side CUDA stream) | gpu_resident
-    num_workers: int = 2
-    pin_memory: bool = True
-    persistent_workers: bool = False
-    prefetch_factor: int = 2
+    num_workers: int = 2  # DataLoader worker processes (0: load in the training process)
+    pin_memory: bool = True  # page-locked host batches: asynchronous copies to the GPU
+    persistent_workers: bool = False  # keep workers alive between epochs
+    prefetch_factor: int = 2  # batches each worker loads ahead
     # where and how
-    device: str = "auto"
-    seed: int = 0
-    out_dir: str = "runs/default"
-    ckpt_every: int = 0  # steps between checkpoints (0: only at the end of the run)
+    device: str = "auto"  # auto: a GPU when one is visible, else the CPU
+    seed: int = 0  # model initialisation, data order, augmentation
+    out_dir: str = "runs/default"  # result.json, checkpoint.pt, TensorBoard logs (tb/) and traces go here
+    ckpt_every: int = 0  # steps between checkpoints, and one at the end (0: none, except on preemption)
     resume: bool = True  # continue from out_dir/checkpoint.pt when it exists
     timing_warmup: int = 5  # steps left out of the throughput figures
-    log_every: int = 10
+    log_every: int = 10  # steps between loss lines, TensorBoard points and stop checks
     eval: bool = True  # validation accuracy at the end
-    tensorboard: bool = True
-    progress: bool = True
-    # profiling (see tutorial_lib.profiling)
-    profile: bool = False
-    profile_wait: int = 1
-    profile_warmup: int = 2
-    profile_active: int = 3
-    profile_repeat: int = 1
-    profile_memory: bool = True
-    profile_with_stack: bool = False
-    profile_record_shapes: bool = True
-    nvtx: bool = False
+    tensorboard: bool = True  # write TensorBoard scalars to out_dir/tb
+    progress: bool = True  # a progress bar in a terminal or notebook (log lines in batch logs)
+    # profiling (see tutorial_lib.profiling, notebook 02)
+    profile: bool = False  # record torch.profiler traces to out_dir/tb/profile
+    profile_wait: int = 1  # steps skipped before the profiler starts
+    profile_warmup: int = 2  # steps recorded and thrown away (the profiler's own start-up)
+    profile_active: int = 3  # steps recorded into each trace
+    profile_repeat: int = 1  # how many traces (cycles of wait + warmup + active)
+    profile_memory: bool = True  # record allocations (memory view)
+    profile_with_stack: bool = False  # record Python stacks (large traces)
+    profile_record_shapes: bool = True  # record operator input shapes
+    nvtx: bool = False  # NVTX ranges for Nsight Systems (forward, backward, optimizer, ...)
 
     # ------------------------------------------------------------------ validation
     def __post_init__(self) -> None:
@@ -95,15 +152,8 @@ class TrainConfig:
 
     def validate(self) -> "TrainConfig":
         """Check every field on its own; raises ConfigError with a one-line message."""
-        _choice("dataset", self.dataset, DATASETS)
-        _choice("model", self.model, MODELS)
-        _choice("precision", self.precision, PRECISIONS)
-        _choice("parallel", self.parallel, PARALLEL)
-        _choice("device", self.device, DEVICES)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
-        _choice("lr_schedule", self.lr_schedule, SCHEDULES)
-        _choice("compile_mode", self.compile_mode, COMPILE_MODES)
-        _choice("loader", self.loader, LOADERS)
+        for name, allowed in CHOICES.items():
+            _choice(name, getattr(self, name), allowed)
         for name in ("batch_size", "epochs", "prefetch_factor", "log_every", "ddp_bucket_cap_mb",
                      "profile_active", "profile_repeat"):
             _positive(name, getattr(self, name))
@@ -134,9 +184,8 @@ class TrainConfig:
             raise ConfigError("parallel='ddp' needs one process per device started by a launcher: "
                               "use tl.launch(cfg, nproc=N) from a notebook or "
                               "`torchrun --nproc_per_node=N -m tutorial_lib train ...` from a shell")
-        if self.parallel != "ddp" and launched and world_size > 1:
-            raise ConfigError(f"{world_size} processes were launched but parallel={self.parallel!r}; "
-                              "add parallel=ddp so they train together")
+        if launched and world_size > 1:
+            check_world(self.parallel, world_size)
         if self.global_batch_size is not None and self.global_batch_size % world_size:
             raise ConfigError(f"global_batch_size={self.global_batch_size} is not divisible by the world size "
                               f"{world_size}; choose a multiple of {world_size} (batch_size is per device)")
@@ -175,11 +224,26 @@ class TrainConfig:
         return path
 
 
+def key_help() -> dict[str, tuple[str, str, str]]:
+    """name -> (default, allowed values, meaning) for every TrainConfig field; the meaning is the comment on
+    the field's line in this file (so `train --help` can't drift from the code)."""
+    import inspect
+    import re
+
+    comments = {}
+    for line in inspect.getsource(TrainConfig).splitlines():
+        m = re.match(r"\s+(\w+): [^=]+=[^#]*#\s*(.+)", line)
+        if m:
+            comments[m.group(1)] = m.group(2).strip()
+    return {f.name: (format_value(f.default), ", ".join(CHOICES.get(f.name, ())), comments.get(f.name, ""))
+            for f in fields(TrainConfig)}
+
+
 def from_dict(values: dict[str, Any]) -> TrainConfig:
     known = {f.name: f for f in fields(TrainConfig)}
     unknown = [k for k in values if k not in known]
     if unknown:
-        raise ConfigError(f"unknown key {unknown[0]!r}{_suggest(unknown[0], known)}; "
+        raise ConfigError(f"unknown key {unknown[0]!r}{suggest(unknown[0], known)}; "
                           f"valid keys are the fields of TrainConfig (see `python -m tutorial_lib train --help`)")
     typed = {k: _coerce(known[k], v) for k, v in values.items()}
     return TrainConfig(**typed)
@@ -194,7 +258,7 @@ def load(path: str | os.PathLike | None = None, overrides: list[str] | dict[str,
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist; check the path "
-                              "(configs live in configs/ at the top of the workbook)")
+                              f"(the workbook's named configs: {', '.join(sorted(p.name for p in CONFIGS_DIR.glob('*.yaml')))})")
         loaded = yaml.safe_load(p.read_text()) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(p)!r} must hold a mapping of key: value, not {type(loaded).__name__}")
@@ -219,13 +283,6 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
 def _positive(name: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{name}={value!r} must be a positive integer")
-
-
-def _suggest(word: str, known: dict) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(word, list(known), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def format_value(value: Any) -> str:

@@ -12,14 +12,14 @@ import contextlib
 import functools
 import gc
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
-from .config import TrainConfig, UserError
+from .config import DataNotFound, TrainConfig, UserError, mp_context
+from .shapes import cached_shapes
 
 # name -> (channels, size, classes, mean, std)
 SPECS = {
@@ -29,66 +29,11 @@ SPECS = {
     "cifar100": (3, 32, 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     "mnist": (1, 28, 10, (0.1307,), (0.3081,)),
 }
-SHAPE_NAMES = ("disk", "square", "diamond", "ring", "plus", "cross", "hbar", "vbar", "triangle", "frame")
 TORCHVISION = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "mnist": "MNIST"}
-
-
-class DataNotFound(UserError):
-    pass
 
 
 def num_classes(dataset: str) -> int:
     return SPECS[dataset][2]
-
-
-# ---------------------------------------------------------------------------- shapes
-def make_shapes(n: int, seed: int, size: int = 32, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """`n` images (n, size, size, 3) uint8 of ten shape classes on noisy backgrounds, and their labels.
-
-    Deterministic from `seed`; the first k images are the same whatever `n` is (chunks have their own seeds).
-    """
-    images, labels = [], []
-    for start in range(0, n, chunk):
-        rng = np.random.default_rng([seed, start // chunk])
-        m = min(chunk, n - start)
-        x, y = _shape_chunk(rng, chunk, size)
-        images.append(x[:m])
-        labels.append(y[:m])
-    return np.concatenate(images), np.concatenate(labels)
-
-
-def _shape_chunk(rng: np.random.Generator, m: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-    y = rng.integers(0, 10, m)
-    r = rng.uniform(0.22, 0.42, (m, 1, 1)) * size
-    cx = rng.uniform(0.35, 0.65, (m, 1, 1)) * size
-    cy = rng.uniform(0.35, 0.65, (m, 1, 1)) * size
-    grid = np.arange(size, dtype=np.float32) + 0.5
-    dx, dy = grid[None, None, :] - cx, grid[None, :, None] - cy
-    ax, ay, dist, box = np.abs(dx), np.abs(dy), np.sqrt(dx**2 + dy**2), np.maximum(np.abs(dx), np.abs(dy))
-    t = r / 3
-    masks = np.stack([
-        dist < r,                                            # disk
-        box < r * 0.85,                                      # square
-        ax + ay < r,                                         # diamond
-        (dist < r) & (dist > r * 0.55),                      # ring
-        ((ax < t) & (ay < r)) | ((ay < t) & (ax < r)),       # plus
-        (np.abs(ax - ay) < t * 0.8) & (box < r * 0.85),      # cross (x)
-        (ay < t) & (ax < r),                                 # horizontal bar
-        (ax < t) & (ay < r),                                 # vertical bar
-        (dy < r * 0.7) & (dy > -r * 0.7) & (ax < (dy + r * 0.7) * 0.6),  # triangle
-        (box < r * 0.85) & (box > r * 0.5),                  # frame
-    ])[y, np.arange(m)]
-    bg = rng.uniform(0, 255, (m, 1, 1, 3))
-    fg = (bg + rng.choice([-1, 1], (m, 1, 1, 1)) * rng.uniform(70, 150, (m, 1, 1, 3))) % 256
-    img = np.where(masks[..., None], fg, bg) + rng.normal(0, 18, (m, size, size, 3))
-    return np.clip(img, 0, 255).astype(np.uint8), y.astype(np.int64)
-
-
-@functools.lru_cache(maxsize=2)
-def _shapes(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    # a train and a val split kept: runs after the first in a process (a notebook, a bench) skip seconds of
-    # generating; nothing writes into these arrays (augmentation makes new tensors)
-    return make_shapes(n, seed)
 
 
 # ---------------------------------------------------------------------------- augmentation
@@ -186,7 +131,7 @@ def base_dataset(cfg: TrainConfig, split: str):
     """The un-augmented images of a split ('train' or 'val') as an indexable of (uint8 CHW, label)."""
     if cfg.dataset == "shapes":
         n = (cfg.train_size or 50_000) if split == "train" else (cfg.val_size or 10_000)
-        return ArrayImages(*_shapes(n, seed=2 * cfg.seed + (split == "val")))
+        return ArrayImages(*cached_shapes(n, seed=2 * cfg.seed + (split == "val")))
     if cfg.dataset == "imagefolder":
         from .imagefolder import imagefolder_dataset  # added by the data-loading lesson
 
@@ -269,32 +214,14 @@ def build_loader(cfg: TrainConfig, split: str, rank: int = 0, world_size: int = 
         pin_memory=(cfg.pin_memory and torch.cuda.is_available()) if pin_memory is None else pin_memory,
         persistent_workers=cfg.persistent_workers and workers > 0,
         prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
-        multiprocessing_context=_mp_context() if workers > 0 else None,
+        multiprocessing_context=mp_context() if workers > 0 else None,
     )
-
-
-def _mp_context():
-    # fork is fastest and works from notebooks; torch warns that it is unsafe once threads exist, but
-    # DataLoader workers only read arrays. On macOS fork is not available by default.
-    import multiprocessing as mp
-
-    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
 
 
 def steps_per_epoch(loader: DataLoader) -> int:
     sampler = loader.sampler
     n = sampler.num_samples
     return n // loader.batch_size if loader.drop_last else math.ceil(n / loader.batch_size)
-
-
-def cpus_per_task() -> int:
-    """CPUs this process may use: SLURM_CPUS_PER_TASK under Slurm, else the CPUs it is pinned to."""
-    return int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or len(os.sched_getaffinity(0))
-
-
-def default_workers() -> int:
-    """DataLoader workers for this process: its CPUs minus one for the training loop, at most 8."""
-    return max(0, min(8, cpus_per_task() - 1))
 
 
 # ---------------------------------------------------------------------------- input pipelines
@@ -420,8 +347,16 @@ def check_fits(images: torch.Tensor, device: torch.device, split: str) -> None:
                         "or limit train_size")
 
 
-def build_input(cfg: TrainConfig, split: str, env, batch_size: int):
-    """The input pipeline named by cfg.loader for this rank (env: a distributed.DistEnv)."""
+def build_input(cfg: TrainConfig, split: str, env=None, batch_size: int | None = None):
+    """The input pipeline named by cfg.loader (notebook 03): `.epoch(e)` iterates one epoch's batches.
+
+    `env` (a distributed.DistEnv) says which rank and device it feeds; by default one process on cfg.device.
+    `batch_size` is per device (default cfg.batch_size)."""
+    if env is None:
+        from .distributed import DistEnv, pick_device
+
+        env = DistEnv(device=pick_device(cfg.device))
+    batch_size = batch_size or cfg.batch_size
     if cfg.loader == "gpu_resident":
         return DeviceResidentInput(cfg, split, env, batch_size)
     pin = cfg.pin_memory and env.device.type == "cuda"  # pinning without a GPU only costs time

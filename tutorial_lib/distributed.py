@@ -1,10 +1,9 @@
 """One description of where this process runs (DistEnv), read from torchrun's or Slurm's variables,
-process-group set-up and teardown, and `launch` to start torchrun from a notebook cell."""
+process-group set-up and teardown, and the few collectives the engine needs. (Starting processes:
+`engine.launch`.)"""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -88,30 +87,3 @@ def any_rank(flag: bool, env: DistEnv) -> bool:
     t = torch.tensor([int(flag)], device=env.device if env.backend == "nccl" else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
-
-
-def launch(cfg, nproc: int, extra_env: dict | None = None, timeout: float | None = None):
-    """Run `cfg` as DDP with `nproc` processes through torchrun, streaming their output into the cell.
-
-    Returns the run's result (result.json of rank 0). Functions defined in a notebook can't be spawned,
-    so the processes run the package's CLI (`-m tutorial_lib train`) with the config as key=value overrides.
-    """
-    from .config import UserError
-    from .engine import load_result
-
-    cfg = cfg.replace(parallel="ddp", progress=False)  # a progress bar can't stream through a pipe
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "tutorial_lib", "train", *cfg.to_overrides()]
-    print("$ torchrun --standalone --nproc_per_node=%d -m tutorial_lib train %s"
-          % (nproc, " ".join(cfg.to_overrides())), flush=True)
-    threads = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) // nproc)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), **(extra_env or {})}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        print(line, end="", flush=True)
-    if proc.wait(timeout) != 0:
-        tail = "".join(lines[-5:]).strip()
-        raise UserError(f"torchrun exited with code {proc.returncode}; its last lines:\n{tail}")
-    return load_result(cfg.out_dir)

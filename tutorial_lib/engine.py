@@ -10,9 +10,10 @@ import os
 import platform
 import signal
 import statistics
+import subprocess
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -20,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import data, distributed, models, profiling
-from .config import ConfigError, TrainConfig, UserError
-from .results import Result, atomic_write_text, load_result  # noqa: F401  (tl.engine.Result)
+from .config import ConfigError, TrainConfig, UserError, usable_cpus
+from .results import Result, load_result
 
 EXIT_PREEMPTED = 3  # the CLI's exit code after SIGUSR1: checkpoint written, rerun to continue
 
@@ -41,19 +42,46 @@ def device_name(device: torch.device) -> str:
     return f"CPU ({cpu}, {torch.get_num_threads()} threads)"
 
 
+# ---------------------------------------------------------------------- precision, in one place (notebook 04)
+# fp32: every matmul and convolution in float32 (TF32 off: cuDNN convolutions use TF32 by default on Ampere
+# and newer, so an honest fp32 baseline turns it off); tf32: the same code on tensor cores with a 10-bit
+# mantissa; bf16 / fp16: autocast runs matmuls and convolutions in 16 bits, keeps reductions in float32;
+# fp16's narrow range needs a GradScaler (scale the loss, step, update the scale), bf16's does not.
 def set_precision_flags(cfg: TrainConfig) -> None:
-    # cuDNN convolutions use TF32 by default on Ampere and newer; an honest fp32 baseline turns it off.
+    """TF32 on for precision=tf32, off otherwise (notebook 01 shows why, notebook 04 measures it)."""
     tf32 = cfg.precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
-    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark and cfg.parallel != "dp"
 
 
 def autocast(cfg: TrainConfig, device: torch.device):
+    """The autocast context of the forward pass: bf16 or fp16 on the device, nothing for fp32/tf32."""
     if cfg.precision in ("bf16", "fp16"):
         dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
         return torch.autocast(device.type, dtype=dtype)
     return nullcontext()
+
+
+def grad_scaler(cfg: TrainConfig, device: torch.device) -> torch.amp.GradScaler:
+    """fp16 only: scales the loss so small gradients don't underflow; a no-op object otherwise."""
+    return torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
+
+
+def set_cudnn_benchmark(cfg: TrainConfig) -> None:
+    """cuDNN times its algorithms once per input shape: a win, except under DataParallel, whose replicas run in
+    fresh threads each step and re-time every step (notebook 05 measures the trap)."""
+    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark and cfg.parallel != "dp"
+
+
+@contextmanager
+def backend_flags():
+    """Restore the torch.backends flags a run changes, so a run in a notebook leaves the kernel as it was."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    try:
+        yield
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.cudnn.benchmark) = saved
 
 
 def lr_lambda(cfg: TrainConfig, total_steps: int):
@@ -85,19 +113,20 @@ class Run:
         self.cfg, self.env, self.device = cfg, env, env.device
         self.out = Path(cfg.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.batch = cfg.per_device_batch(env.world_size)
+        self.batch_size = cfg.per_device_batch(env.world_size)
         torch.manual_seed(cfg.seed)
         set_precision_flags(cfg)
-        self.input = data.build_input(cfg, "train", env, self.batch)
+        set_cudnn_benchmark(cfg)
+        self.input = data.build_input(cfg, "train", env, self.batch_size)
         self.steps_per_epoch = self.input.steps_per_epoch
         self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
-        self.net = models.build(cfg.model, data.num_classes(cfg.dataset)).to(self.device)
+        self.raw_model = models.build(cfg.model, data.num_classes(cfg.dataset)).to(self.device)
         if cfg.channels_last:
-            self.net = self.net.to(memory_format=torch.channels_last)
-        self.model = self.wrap(self.net)
+            self.raw_model = self.raw_model.to(memory_format=torch.channels_last)
+        self.model = self.wrap(self.raw_model)
         self.opt = self.make_optimizer()
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg, self.total_steps))
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
+        self.scaler = grad_scaler(cfg, self.device)
         self.step, self.resumed_from = 0, None
         self.loss_log = LossLog(self.device)
         self.stop_requested = False
@@ -123,9 +152,9 @@ class Run:
     def make_optimizer(self) -> torch.optim.Optimizer:
         cfg = self.cfg
         if cfg.optimizer == "sgd":
-            return torch.optim.SGD(self.net.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+            return torch.optim.SGD(self.raw_model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                    weight_decay=cfg.weight_decay, nesterov=cfg.momentum > 0)
-        return torch.optim.AdamW(self.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(self.raw_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     # ------------------------------------------------------------------ one step
     def prepare(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,7 +258,7 @@ class Run:
                 writer.add_scalar("train/lr", self.sched.get_last_lr()[0], step)
                 rate = meter.recent_rate(len(values))
                 if rate:
-                    writer.add_scalar("perf/img_per_s", rate * self.batch * self.env.world_size, step)
+                    writer.add_scalar("perf/img_per_s", rate * self.batch_size * self.env.world_size, step)
                 if self.device.type == "cuda":
                     writer.add_scalar("perf/memory_mb", torch.cuda.max_memory_allocated(self.device) / 2**20, step)
 
@@ -239,12 +268,12 @@ class Run:
         median = statistics.median(times) if times else float("nan")
         slowest = max(distributed.all_gather(median, env))  # the job runs at the pace of its slowest rank
         accuracy = self.evaluate() if cfg.eval else None
-        checksums = distributed.all_gather(models.param_checksum(self.net), env)
+        checksums = distributed.all_gather(models.param_checksum(self.raw_model), env)
         peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None
         result = Result(
             config=cfg.to_dict(), device=device_name(self.device), world_size=env.world_size, steps=self.step,
-            global_batch=self.batch * env.world_size,
-            throughput_img_s=self.batch * env.world_size / (slowest / 1000) if times else 0.0,
+            global_batch=self.batch_size * env.world_size,
+            throughput_img_s=self.batch_size * env.world_size / (slowest / 1000) if times else 0.0,
             step_time_ms={"median": median, "p10": percentile(times, 0.1) if times else median,
                           "p90": percentile(times, 0.9) if times else median, "timed_steps": len(times),
                           "slowest_rank_median": slowest},
@@ -259,7 +288,7 @@ class Run:
     @torch.no_grad()
     def evaluate(self) -> float:
         self.model.eval()
-        loader = data.build_input(self.cfg, "val", self.env, self.batch)
+        loader = data.build_input(self.cfg, "val", self.env, self.batch_size)
         correct = torch.zeros(2, device=self.device)
         for x, y in loader.epoch(0, 0):
             x, y = self.prepare(x, y)
@@ -305,7 +334,7 @@ class Run:
             return
         self.loss_log.ship(self.step)
         self.loss_log.ready(wait=True)  # the checkpoint holds every loss so far (fit() has reported them)
-        state = {"step": self.step, "model": self.net.state_dict(), "optimizer": self.opt.state_dict(),
+        state = {"step": self.step, "model": self.raw_model.state_dict(), "optimizer": self.opt.state_dict(),
                  "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(),
                  "losses": self.losses, "rng_cpu": torch.get_rng_state(), "config": self.cfg.to_dict(),
                  "world_size": self.env.world_size}
@@ -325,7 +354,7 @@ class Run:
             if state["config"].get(key) != getattr(self.cfg, key):
                 raise ConfigError(f"{path} holds a run with {key}={state['config'].get(key)!r}, not "
                                   f"{getattr(self.cfg, key)!r}; use another out_dir, or resume=false to start afresh")
-        self.net.load_state_dict(state["model"])
+        self.raw_model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
@@ -420,12 +449,46 @@ class StepMeter:
         return [(b - a) * 1000 for a, b in zip(marks, marks[1:])]
 
 
-def train(cfg: TrainConfig) -> Result:
-    """Train `cfg` in this process (single device, DataParallel, or one DDP rank under a launcher)."""
+@contextmanager
+def prepared_run(cfg: TrainConfig):
+    """The prologue every way of running shares (tl.train, the bench): join the process group if launched,
+    check the config against where it runs, build the Run; afterwards leave the process group and restore
+    the backend flags the run changed."""
     cfg.validate()
     env = distributed.setup(cfg.parallel, cfg.device)
     try:
-        cfg.check_runtime(env.device.type, env.world_size, env.launched)
-        return Run(cfg, env).fit()
+        with backend_flags():
+            cfg.check_runtime(env.device.type, env.world_size, env.launched)
+            yield Run(cfg, env)
     finally:
         distributed.teardown(env)
+
+
+def train(cfg: TrainConfig) -> Result:
+    """Train `cfg` in this process (single device, DataParallel, or one DDP rank under a launcher).
+    Notebook 01 introduces it; every notebook, the CLI, torchrun and the Slurm jobs end here."""
+    with prepared_run(cfg) as run:
+        return run.fit()
+
+
+def launch(cfg: TrainConfig, nproc: int, extra_env: dict | None = None, timeout: float | None = None) -> Result:
+    """Run `cfg` as DDP with `nproc` processes through torchrun, streaming their output into the cell
+    (notebook 05). Returns the run's result (rank 0's result.json).
+
+    Functions defined in a notebook can't be spawned, so the processes run the package's CLI
+    (`-m tutorial_lib train`) with the config as key=value overrides."""
+    cfg = cfg.replace(parallel="ddp", progress=False)  # a progress bar can't stream through a pipe
+    words = ["--standalone", f"--nproc_per_node={nproc}", "-m", "tutorial_lib", "train", *cfg.to_overrides()]
+    print("$ torchrun " + " ".join(words), flush=True)
+    threads = max(1, usable_cpus() // nproc)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), **(extra_env or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *words], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        print(line, end="", flush=True)
+    if proc.wait(timeout) != 0:
+        tail = "".join(lines[-5:]).strip()
+        raise UserError(f"torchrun exited with code {proc.returncode}; its last lines:\n{tail}")
+    return load_result(cfg.out_dir)

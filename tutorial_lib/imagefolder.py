@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import TrainConfig
-from .data import SHAPE_NAMES, DataNotFound, make_shapes
+from .config import DataNotFound, TrainConfig, mp_context, usable_cpus
+from .shapes import SHAPE_NAMES, make_shapes
 
 SIZES = {"train": 50_000, "val": 10_000}
 FETCH = "python -m tutorial_lib data fetch imagefolder"
@@ -58,15 +58,12 @@ def _write_chunk(job) -> None:
 
 
 def _map(fn, jobs, processes: int | None) -> None:
-    processes = processes or min(8, len(os.sched_getaffinity(0)))
+    processes = processes or min(8, usable_cpus())
     if processes <= 1 or len(jobs) == 1:
         for job in jobs:
             fn(job)
         return
-    import multiprocessing as mp
-
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    with ctx.Pool(processes) as pool:
+    with mp_context().Pool(processes) as pool:
         pool.map(fn, jobs)
 
 

@@ -24,161 +24,19 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, TrainConfig, UserError, format_value, load
-from .results import result_line  # noqa: F401  (tl.jobs.result_line)
-from .slurm import Job, SubmitError, submit  # noqa: F401  (tl.jobs.submit, tl.jobs.Job)
-from .slurm import available as slurm_available  # noqa: F401
+from .config import ROOT, ConfigError, TrainConfig, UserError, check_world, format_value, load, suggest
+from .results import result_line  # noqa: F401  (tl.jobs.result_line: notebooks 01, 03)
+from .sites import ARRAY_RE, PATH_RE, Site, check_name, check_pattern, check_slurm_words, load_site, time_seconds
+from .slurm import Job, NoSlurm
+from .slurm import available as slurm_available  # noqa: F401  (tl.jobs.slurm_available(): notebooks 01-03)
+from .slurm import submit as sbatch
 
-ROOT = Path(__file__).resolve().parents[1]  # the workbook: jobs are submitted from here
 JOBS_DIR = ROOT / "jobs"
-SITES_DIR = Path(__file__).resolve().parent / "sites"
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 MODES = ("auto", "single", "torchrun", "multinode", "srun")
-GPU_REQUESTS = ("gpus-per-node", "gres", "gpus")
 RENDER_MARK = "# workbook-render: "
 ALWAYS_SHOWN = ("dataset", "model", "batch_size", "steps", "epochs")  # in every job file, even at their default
 DEFAULT_LINE_PROFILE = "tutorial_lib.engine.Run.fit,tutorial_lib.engine.Run.train_step"
-
-
-def default_site() -> str:
-    """The site profile used when none is named: $WORKBOOK_SITE, else `generic`."""
-    return os.environ.get("WORKBOOK_SITE") or "generic"
-
-
-# ---------------------------------------------------------------------------------------- validation
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_WORD = re.compile(r"[A-Za-z0-9_.-]+")
-_WORDS = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")  # a partition may be a list: gpu,gpu_long
-_CONSTRAINT = re.compile(r"[A-Za-z0-9_.&|,*\[\]()-]+")  # Slurm's feature syntax, e.g. gpu&hbm80g
-_PATH = re.compile(r"[A-Za-z0-9_./%-]+")
-_MEM = re.compile(r"[0-9]+[KMGT]?")
-_ARRAY = re.compile(r"[0-9]+(-[0-9]+(:[0-9]+)?)?(,[0-9]+(-[0-9]+(:[0-9]+)?)?)*(%[0-9]+)?")
-_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
-
-
-def check_name(field_name: str, value: str) -> str:
-    if not isinstance(value, str) or not _NAME.fullmatch(value):
-        raise UserError(f"{field_name}={value!r}: use 1-64 letters, digits, '_', '.', '-' (starting with a letter "
-                        "or digit), e.g. 01_single_gpu; no spaces, slashes or shell characters")
-    return value
-
-
-def _check_pattern(field_name: str, value: Any, pattern: re.Pattern, allowed: str, fix: str) -> str:
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise UserError(f"{field_name}={value!r}: only {allowed} may appear (no spaces, newlines or shell "
-                        f"characters); {fix}")
-    return value
-
-
-def time_seconds(value: str, field_name: str = "time") -> int:
-    """Seconds in a Slurm time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS."""
-    m = _TIME.fullmatch(value) if isinstance(value, str) else None
-    if not m:
-        raise UserError(f"{field_name}={value!r} is not a Slurm time; write HH:MM:SS (e.g. 02:00:00), "
-                        "minutes (e.g. 90) or D-HH:MM:SS (e.g. 1-12:00:00)")
-    days, a, b, c = (int(x) if x is not None else None for x in m.groups())
-    if days is not None:
-        h, mi, s = a, b or 0, c or 0  # D-HH, D-HH:MM, D-HH:MM:SS
-    elif b is None:
-        h, mi, s = 0, a, 0  # MM
-    elif c is None:
-        h, mi, s = 0, a, b  # MM:SS
-    else:
-        h, mi, s = a, b, c  # HH:MM:SS
-    if s > 59 or (mi > 59 and (days is not None or c is not None)):
-        raise UserError(f"{field_name}={value!r}: minutes and seconds go up to 59; write e.g. 01:30:00")
-    total = (days or 0) * 86400 + h * 3600 + mi * 60 + s
-    if total <= 0:
-        raise UserError(f"{field_name}={value!r} is zero; give the job some time, e.g. 00:30:00")
-    return total
-
-
-# ---------------------------------------------------------------------------------------- site profiles
-@dataclass(frozen=True)
-class Site:
-    """A cluster's profile (tutorial_lib/sites/<name>.yaml): what a job there must say and set up."""
-    name: str
-    description: str
-    partition: str | None
-    account: str | None
-    account_required: bool
-    qos: str | None
-    constraint: str | None
-    gpu_request: str
-    gpus_per_node: int
-    cpus_per_gpu: int
-    mem_per_gpu: str | None
-    max_nodes: int
-    max_time: str
-    default_time: str
-    shell: str
-    setup: str
-    launcher: str
-
-
-def site_names() -> list[str]:
-    return sorted(p.stem for p in SITES_DIR.glob("*.yaml"))
-
-
-def load_site(name: str | os.PathLike | None = None) -> Site:
-    """A site profile by name (tutorial_lib/sites/NAME.yaml) or by the path of a YAML file."""
-    import yaml
-
-    name = default_site() if name is None else name
-    path = Path(name) if str(name).endswith((".yaml", ".yml")) else SITES_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise UserError(f"site {str(name)!r} has no profile ({path}); one of {', '.join(site_names())}, or the "
-                        "path of your own YAML file (copy tutorial_lib/sites/generic.yaml to start)")
-    try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise UserError(f"site profile {path} is not valid YAML ({str(e).splitlines()[0]}); "
-                        "quote values that contain ': ' or '#'") from None
-    known = {f.name for f in fields(Site)} - {"name"}
-    unknown, missing = sorted(set(values) - known), sorted(known - set(values))
-    if unknown or missing:
-        raise UserError(f"site profile {path}: " + (f"unknown key {unknown[0]!r}; " if unknown else "")
-                        + (f"missing {', '.join(missing)}; " if missing else "")
-                        + "compare it with tutorial_lib/sites/generic.yaml")
-    site = Site(name=path.stem, **{k: ("" if v is None and k in ("setup", "launcher") else v)
-                                   for k, v in values.items()})
-    return _check_site(site, path)
-
-
-def _check_site(site: Site, path: Path) -> Site:
-    where = f"site profile {path}: "
-    try:
-        if site.gpu_request not in GPU_REQUESTS:
-            raise UserError(f"gpu_request={site.gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
-        for key in ("gpus_per_node", "cpus_per_gpu", "max_nodes"):
-            if not isinstance(getattr(site, key), int) or getattr(site, key) < 1:
-                raise UserError(f"{key}={getattr(site, key)!r} must be a positive integer")
-        time_seconds(site.max_time, "max_time")
-        time_seconds(site.default_time, "default_time")
-        _check_slurm_words(site)
-    except UserError as e:
-        raise UserError(where + str(e)) from None
-    return site
-
-
-def _check_slurm_words(r) -> None:
-    """Partition, account, qos, constraint and memory of a Site or Resources: nothing a shell would read."""
-    if r.partition is not None:
-        _check_pattern("partition", r.partition, _WORDS, "letters, digits, '_', '.', '-' and ',' between names",
-                       "`sinfo -s` lists the partitions of your cluster")
-    if r.account is not None:
-        _check_pattern("account", r.account, _WORD, "letters, digits, '_', '.', '-'",
-                       "`sacctmgr show assoc user=$USER format=account` lists yours")
-    if r.qos is not None:
-        _check_pattern("qos", r.qos, _WORD, "letters, digits, '_', '.', '-'",
-                       "`sacctmgr show assoc user=$USER format=qos` lists yours")
-    if r.constraint is not None:
-        _check_pattern("constraint", r.constraint, _CONSTRAINT,
-                       "feature names with Slurm's operators & | , * [ ] ( )",
-                       "e.g. constraint=gpu or constraint='gpu&hbm80g'; `sinfo -o '%N %f'` lists node features")
-    mem = getattr(r, "mem", None) or getattr(r, "mem_per_gpu", None)
-    if mem is not None:
-        _check_pattern("mem", mem, _MEM, "a number with an optional unit K, M, G or T", "e.g. mem=64G")
 
 
 # ---------------------------------------------------------------------------------------- resources
@@ -220,10 +78,7 @@ def resources(**values: Any) -> Resources:
     known = [f.name for f in fields(Resources)]
     for key in values:
         if key not in known:
-            import difflib
-
-            close = SYNONYMS.get(key) or next(iter(difflib.get_close_matches(key, known, n=1, cutoff=0.6)), None)
-            hint = f" (did you mean {close!r}?)" if close else ""
+            hint = f" (did you mean {SYNONYMS[key]!r}?)" if key in SYNONYMS else suggest(key, known)
             raise UserError(f"unknown resource {key!r}{hint}; resources are {', '.join(known)}")
     return Resources(**values)
 
@@ -236,7 +91,7 @@ def resolve(r: Resources, site: Site) -> Resources:
                 constraint=r.constraint if r.constraint is not None else site.constraint,
                 time=r.time or site.default_time)
     _check_counts(r, site)
-    _check_slurm_words(r)
+    check_slurm_words(r)
     seconds = time_seconds(r.time)
     if seconds > time_seconds(site.max_time):
         raise UserError(f"time={r.time!r} is longer than site {site.name!r} allows ({site.max_time}); ask for at "
@@ -246,10 +101,10 @@ def resolve(r: Resources, site: Site) -> Resources:
                         "(`sacctmgr show assoc user=$USER format=account` lists yours)")
     for key in ("output", "error"):
         if getattr(r, key) is not None:
-            _check_pattern(key, getattr(r, key), _PATH, "letters, digits, '_', '.', '/', '-' and %-patterns",
+            check_pattern(key, getattr(r, key), PATH_RE, "letters, digits, '_', '.', '/', '-' and %-patterns",
                            "e.g. jobs/logs/%x-%j.out (%x job name, %j job id, %A_%a array job and task)")
     if r.array is not None:
-        _check_pattern("array", r.array, _ARRAY, "task ids like 0-7, 1,3,5 or 0-15%4", "e.g. array=0-3")
+        check_pattern("array", r.array, ARRAY_RE, "task ids like 0-7, 1,3,5 or 0-15%4", "e.g. array=0-3")
     if r.requeue is not None and not (isinstance(r.requeue, int) and 10 <= r.requeue < min(seconds, 65536)):
         raise UserError(f"requeue={r.requeue!r}: give the seconds before the time limit ({r.time}, {seconds} s) "
                         "at which to checkpoint and requeue, at least 10 and less than the time limit, e.g. "
@@ -310,12 +165,7 @@ class Program:
 
 
 def _training(cfg: TrainConfig, name: str, world_size: int, swept: set[str] = frozenset()) -> Program:
-    if world_size > 1 and cfg.parallel != "ddp":
-        raise UserError(f"this job starts {world_size} processes, but parallel={cfg.parallel!r}: add "
-                        "parallel=ddp so that they train together (or ask for one GPU)")
-    if world_size == 1 and cfg.parallel == "ddp":
-        raise UserError("parallel='ddp' needs several processes, but this job starts one; ask for more GPUs "
-                        "(gpus_per_node=N) or use parallel=none")
+    check_world(cfg.parallel, world_size)
     default = TrainConfig()
     if cfg.out_dir == default.out_dir:
         cfg = cfg.replace(out_dir=f"runs/{name}")  # each job its own folder
@@ -343,6 +193,30 @@ def _command(command: str | list[str]) -> Program:
     python = os.path.basename(argv[0]) in ("python", "python3")
     words = [shlex.quote(a) for a in (argv[1:] if python else argv)]
     return Program(words or ["-c", "pass"], False, python, argv)
+
+
+def sweep_from_cli(grid: list[str], points: list[list[str]]) -> dict | list | None:
+    """A sweep from the command line: `--sweep KEY=V1,V2` items (every combination) or `--point` word lists."""
+    if grid and points:
+        raise UserError("give the sweep either as --sweep KEY=V1,V2 (every combination) or as --point, not both")
+    if grid:
+        sweep = {}
+        for item in grid:
+            key, sep, vals = item.partition("=")
+            if not sep or not vals:
+                raise UserError(f"--sweep {item!r} is not KEY=V1,V2 (e.g. --sweep batch_size=64,128)")
+            sweep[key] = vals.split(",")
+        return sweep
+    out = []
+    for words in points:
+        point = {}
+        for word in words:
+            key, sep, value = word.partition("=")
+            if not sep:
+                raise UserError(f"--point entry {word!r} is not key=value")
+            point[key] = value
+        out.append(point)
+    return out or None
 
 
 def sweep_points(sweep: dict[str, list] | list[dict] | None) -> list[dict[str, str]]:
@@ -463,7 +337,7 @@ def _runner(r: Resources, program: Program, site: Site) -> str:
         last = "torchrun " if program.python else "torchrun --no-python "
     elif r.line_profile:
         targets = DEFAULT_LINE_PROFILE if r.line_profile is True else str(r.line_profile)
-        _check_pattern("line_profile", targets, re.compile(r"[A-Za-z0-9_.,/]+"), "dotted names and paths",
+        check_pattern("line_profile", targets, re.compile(r"[A-Za-z0-9_.,/]+"), "dotted names and paths",
                        "e.g. line_profile='tutorial_lib.engine.Run.fit'")
         last = f'kernprof -l -p {targets} -o "$out_dir/line_profile.lprof" '
     elif program.python:
@@ -588,11 +462,11 @@ def write(name: str, cfg: TrainConfig | None = None, *, site: str | None = None,
     path = path / f"{name}.sbatch"
     path.write_text(text)
     if show:
-        print(f"# {_shown_path(path)}\n{text}", end="")
+        print(f"# {shown_path(path)}\n{text}", end="")
     return path
 
 
-def _shown_path(path: Path) -> str:
+def shown_path(path: Path) -> str:
     try:
         return str(path.resolve().relative_to(ROOT))
     except ValueError:
@@ -621,6 +495,43 @@ def stale(jobs_dir: str | os.PathLike | None = None) -> list[Path]:
     return [p for p in sorted(folder.glob("*.sbatch")) if p.read_text() != rerender(p)]
 
 
+def submit(path: str | os.PathLike, *, cwd: str | os.PathLike | None = None, sbatch_args: list[str] | tuple = ()) -> Job:
+    """Submit a job file written by `write` (notebook 01 teaches it); returns a tl.slurm.Job that knows where
+    each task's result.json goes. Without Slurm here, the error says how to run the same thing without it."""
+    record = _record_or_none(path)
+    try:
+        return sbatch(path, cwd=cwd, sbatch_args=sbatch_args, out_dirs=out_dirs(record) if record else None)
+    except NoSlurm as e:
+        raise UserError(f"{e}. {_without_slurm(Path(path), record)}\nor submit the file on a cluster's login "
+                        "node. As root, `make slurm-up` starts the workbook's local test cluster.") from None
+
+
+def attach(job_id: str, path: str | os.PathLike) -> Job:
+    """The Job `job_id` submitted from `path` (a file written by `write`), to follow it or read its results."""
+    record = render_record(path)
+    return Job(str(job_id), Path(path), out_dirs(record))
+
+
+def _record_or_none(path) -> dict | None:
+    try:
+        return render_record(path)
+    except (UserError, OSError):
+        return None
+
+
+def _without_slurm(path: Path, rec: dict | None) -> str:
+    """How to run what the file runs, here, without Slurm."""
+    if rec and rec.get("overrides") is not None:
+        gpus = rec["resources"].get("gpus_per_node", 1) * rec["resources"].get("nodes", 1)
+        start = (f"torchrun --standalone --nproc_per_node={gpus} -m tutorial_lib train" if gpus > 1
+                 else "python -m tutorial_lib train")
+        return ("To run the same training here without Slurm, from the top of the workbook:\n    "
+                f"{start} " + shlex.join(rec["overrides"]))
+    if rec and rec.get("command"):
+        return "To run its command here without Slurm, from the top of the workbook:\n    " + shlex.join(rec["command"])
+    return f"Run its commands by hand (bash {path} needs Slurm's variables)"
+
+
 def out_dirs(record: dict) -> list[str]:
     """The out_dir of each task of a rendered job (one for a plain job; none for a command)."""
     if record.get("overrides") is None:
@@ -629,138 +540,3 @@ def out_dirs(record: dict) -> list[str]:
     if not record.get("sweep"):
         return [cfg.out_dir]
     return [p["out_dir"] for p in _sweep_words(cfg, record["sweep"], cfg.out_dir)]
-
-
-# ---------------------------------------------------------------------------------------- command line
-def cli(argv: list[str]) -> int:
-    """`python -m tutorial_lib jobs render|submit|status|sites|check ...`; returns the exit code."""
-    import sys
-
-    parser = _parser()
-    args, extra = parser.parse_known_args(argv)
-    if args.cmd == "render":  # key=value overrides may come before, between or after the options
-        args.overrides += [x for x in extra if "=" in x and not x.startswith("-")]
-        extra = [x for x in extra if x not in args.overrides]
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    try:
-        return args.func(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-def _parser():
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m tutorial_lib jobs", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("render", help="write jobs/NAME.sbatch and print its path")
-    r.add_argument("--site", default=None, help=f"site profile: {', '.join(site_names())} or a YAML file "
-                   f"(default: $WORKBOOK_SITE or generic; now {default_site()})")
-    r.add_argument("--name", required=True, help="the file's name (jobs/NAME.sbatch) and the job's name")
-    r.add_argument("--description", help="one line on what the job is for (its header)")
-    for f in fields(Resources):
-        flag = "--" + f.name.replace("_", "-")
-        if f.name == "line_profile":
-            r.add_argument(flag, nargs="?", const=True, default=None, metavar="TARGETS",
-                           help=f"kernprof -l (default targets {DEFAULT_LINE_PROFILE})")
-        elif f.name == "nsys":
-            r.add_argument(flag, action="store_true", default=None, help="nsys profile with NVTX ranges")
-        else:
-            kind = int if "int" in str(f.type) else str
-            r.add_argument(flag, type=kind, default=None, metavar=f.name.upper())
-    r.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
-                   help="a job array over every combination of the values (repeat for more keys)")
-    r.add_argument("--point", action="append", default=[], metavar="'K=V K=V'", help="one array task's overrides")
-    r.add_argument("--command", help="run this command instead of the training")
-    r.add_argument("--config", help="YAML file of TrainConfig fields (key=value overrides win)")
-    r.add_argument("--jobs-dir", default=None, help="where to write (default: the workbook's jobs/)")
-    r.add_argument("--show", action="store_true", help="also print the file")
-    r.add_argument("overrides", nargs="*", metavar="key=value", help="TrainConfig fields")
-    r.set_defaults(func=_cli_render)
-    s = sub.add_parser("submit", help="sbatch a file from the top of the workbook; --wait follows it to the end")
-    s.add_argument("path")
-    s.add_argument("--wait", action="store_true", help="wait until the job ends; show its log and result")
-    s.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
-    s.set_defaults(func=_cli_submit)
-    st = sub.add_parser("status", help="the state of a job (array: of each task)")
-    st.add_argument("job_id")
-    st.set_defaults(func=lambda a: _print_states(Job(a.job_id)))
-    sub.add_parser("sites", help="the site profiles").set_defaults(func=_cli_sites)
-    c = sub.add_parser("check", help="fail if a jobs/*.sbatch file is stale (differs from a fresh render)")
-    c.add_argument("--jobs-dir", default=None)
-    c.set_defaults(func=_cli_check)
-    return p
-
-
-def _cli_render(args) -> int:
-    values = {f.name: getattr(args, f.name) for f in fields(Resources) if getattr(args, f.name) is not None}
-    if args.command and (args.overrides or args.config or args.sweep or args.point):
-        raise UserError("--command runs a command of yours: leave out key=value overrides, --config and sweeps")
-    if args.sweep and args.point:
-        raise UserError("give the sweep either as --sweep KEY=V1,V2 (every combination) or as --point, not both")
-    sweep: dict | list | None = None
-    if args.sweep:
-        sweep = {}
-        for item in args.sweep:
-            key, sep, vals = item.partition("=")
-            if not sep or not vals:
-                raise UserError(f"--sweep {item!r} is not KEY=V1,V2 (e.g. --sweep batch_size=64,128)")
-            sweep[key] = vals.split(",")
-    elif args.point:
-        sweep = [dict(_split_override(w) for w in shlex.split(p)) for p in args.point]
-    cfg = None if args.command else load(args.config, args.overrides)
-    path = write(args.name, cfg, site=args.site, command=args.command, sweep=sweep, description=args.description,
-                 jobs_dir=args.jobs_dir, show=args.show, **values)
-    print(_shown_path(path))
-    return 0
-
-
-def _split_override(word: str) -> tuple[str, str]:
-    key, sep, value = word.partition("=")
-    if not sep:
-        raise UserError(f"--point entry {word!r} is not key=value")
-    return key, value
-
-
-def _cli_submit(args) -> int:
-    job = submit(args.path)
-    print(f"submitted job {job.id}: {args.path}")
-    if not args.wait:
-        print(f"follow it: squeue -j {job.id}; python -m tutorial_lib jobs status {job.id}")
-        return 0
-    state = job.wait(timeout=args.timeout)
-    print(f"job {job.id} {state}, exit code {job.exit_code()}; log {job.log_path()} ends with:")
-    print(job.log(lines=15))
-    if state == "COMPLETED":
-        for i, res in enumerate(_results_or_empty(job)):
-            print(f"result {i}: " + result_line(res))
-    return 0 if state == "COMPLETED" else 1
-
-
-def _results_or_empty(job: Job) -> list[dict]:
-    try:
-        return job.results()
-    except UserError as e:
-        print(f"(no result: {e})")
-        return []
-
-
-def _print_states(job: Job) -> int:
-    for task, state in job.states().items():
-        print(f"{task} {state}")
-    return 0
-
-
-def _cli_sites(args) -> int:
-    for name in site_names():
-        print(f"{name:12s} {load_site(name).description}")
-    return 0
-
-
-def _cli_check(args) -> int:
-    bad = stale(args.jobs_dir)
-    for path in bad:
-        print(f"stale: {_shown_path(path)} (render it again from its notebook, or: {render_command(render_record(path))})")
-    return 1 if bad else 0

@@ -2,7 +2,7 @@
 reports that print into the cell, and (in trace_summary) an offline summary of a trace.
 
     cfg = tl.TrainConfig(..., profile=True)           # the engine records <out_dir>/tb/profile/rank<N>.*.json.gz
-    tl.profiling.summarize(cfg.out_dir)                # where each step's time goes, as tables; .plot() draws it
+    tl.trace_summary.summarize(cfg.out_dir)                # where each step's time goes, as tables; .plot() draws it
     tl.profiling.line_profile(tl.engine.Run.train_step, tl.train, cfg)   # time per line of Python
 """
 from __future__ import annotations
@@ -15,9 +15,6 @@ from pathlib import Path
 
 import torch
 
-from .trace_summary import PART_LABELS, PARTS, Summary, TraceSummary, find_traces, summarize  # noqa: F401
-
-os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # keep the profiler's C++ log lines out of the cells
 
 
 class _NoProfiler:
@@ -58,6 +55,7 @@ def profiler(cfg, env):
                           f"{cfg.profile_wait} + profile_warmup={cfg.profile_warmup} + profile_active="
                           f"{cfg.profile_active}) but steps={cfg.steps}; use steps={needed} or more, or fewer "
                           "profile_wait/profile_active steps")
+    os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # keep the profiler's C++ log lines out of the cells
     schedule = torch.profiler.schedule(wait=cfg.profile_wait, warmup=cfg.profile_warmup,
                                        active=cfg.profile_active, repeat=cfg.profile_repeat)
     handler = torch.profiler.tensorboard_trace_handler(

@@ -7,6 +7,8 @@ import shutil
 import sys
 from importlib import metadata
 
+from .config import usable_cpus
+
 
 def _version(pkg: str) -> str:
     try:
@@ -48,7 +50,7 @@ def env_report(data_dir: str = "data") -> dict:
         "cuda_version": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "gpus": gpus(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpus_usable": usable_cpus(),
         "slurm": slurm(),
         "datasets": {"shapes": True, **staged(data_dir)},
         "executable": sys.executable,

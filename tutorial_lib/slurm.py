@@ -1,27 +1,25 @@
 """Submit sbatch files and follow the jobs: state, wait, the tail of the log, the run's result.json.
 
-    job = tl.jobs.submit("jobs/01_single_gpu.sbatch")   # runs sbatch from the top of the workbook
+    job = tl.slurm.submit("jobs/01_single_gpu.sbatch")  # runs sbatch from the top of the workbook
     job.wait(timeout=900)       # polls `scontrol show job` until the job ends; returns e.g. 'COMPLETED'
     job.log()                   # the last lines of its output
     job.result()                # its result.json, as a dict (job.results() for every task of an array)
 
 When sbatch refuses a file, its message is shown word for word with a hint; on a machine without Slurm
-the error says how to run the same training without it. No torch here: this runs on login nodes.
+the caller (tl.jobs.submit) says how to run the same training without it. This is a plain Slurm client: it
+knows nothing of how the files are rendered. No torch here: this runs on login nodes.
 """
 from __future__ import annotations
 
 import json
 import re
-import shlex
 import shutil
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import UserError
-
-ROOT = Path(__file__).resolve().parents[1]
+from .config import ROOT, UserError
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
             "DEADLINE", "REVOKED", "SPECIAL_EXIT")
 
@@ -41,15 +39,21 @@ class SubmitError(UserError):
     """sbatch refused the file; the message holds sbatch's own words and a hint."""
 
 
-def submit(path: str | Path, *, cwd: str | Path | None = None, sbatch_args: list[str] | tuple = ()) -> "Job":
-    """sbatch `path` from the top of the workbook (or `cwd`); returns the Job. Creates the log folder."""
+class NoSlurm(UserError):
+    """sbatch is not on PATH: this machine has no Slurm."""
+
+
+def submit(path: str | Path, *, cwd: str | Path | None = None, sbatch_args: list[str] | tuple = (),
+           out_dirs: list[str] | None = None) -> "Job":
+    """sbatch `path` from the top of the workbook (or `cwd`); returns the Job. Creates the log folder.
+    `out_dirs`: where each task of the job writes its result.json (for Job.result)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path} does not exist; write it first with tl.jobs.write(...) or "
                         "`python -m tutorial_lib jobs render ...`")
     sbatch = shutil.which("sbatch")
     if sbatch is None:
-        raise UserError(no_slurm_message(path))
+        raise NoSlurm(f"sbatch is not on PATH: this machine has no Slurm, so {path} can't be submitted here")
     cwd = Path(cwd) if cwd is not None else ROOT
     for folder in log_folders(path, cwd):
         folder.mkdir(parents=True, exist_ok=True)
@@ -57,7 +61,7 @@ def submit(path: str | Path, *, cwd: str | Path | None = None, sbatch_args: list
                           text=True, timeout=120)
     if proc.returncode != 0:
         raise SubmitError(refusal_message(path, proc.stderr or proc.stdout))
-    return Job(proc.stdout.strip().split(";")[0], path)
+    return Job(proc.stdout.strip().split(";")[0], path, out_dirs)
 
 
 def log_folders(path: Path, cwd: Path) -> list[Path]:
@@ -68,28 +72,6 @@ def log_folders(path: Path, cwd: Path) -> list[Path]:
         if m and "%" not in str(Path(m.group(1)).parent):
             folders.append(cwd / Path(m.group(1)).parent)
     return folders
-
-
-def no_slurm_message(path: Path) -> str:
-    from .jobs import render_record
-
-    try:
-        rec = render_record(path)
-    except UserError:
-        rec = None
-    if rec and rec.get("overrides") is not None:
-        gpus = rec["resources"].get("gpus_per_node", 1) * rec["resources"].get("nodes", 1)
-        start = (f"torchrun --standalone --nproc_per_node={gpus} -m tutorial_lib train" if gpus > 1
-                 else "python -m tutorial_lib train")
-        how = f"run the same training here without Slurm, from the top of the workbook:\n    {start} " \
-              + shlex.join(rec["overrides"])
-    elif rec and rec.get("command"):
-        how = "run its command here without Slurm, from the top of the workbook:\n    " + shlex.join(rec["command"])
-    else:
-        how = f"run its commands by hand (bash {path} needs Slurm's variables)"
-    return (f"sbatch is not on PATH: this machine has no Slurm, so {path} can't be submitted here. To {how}\n"
-            "or submit the file on a cluster's login node. As root, `make slurm-up` starts the workbook's local "
-            "test cluster.")
 
 
 HINTS = [
@@ -138,7 +120,8 @@ def _parse_record(line: str) -> dict[str, str]:
 class Job:
     """A submitted job (or job array): ask Slurm about it, wait for it, read what it left."""
     id: str
-    path: Path | None = None  # the sbatch file, when known: it says where the results go
+    path: Path | None = None  # the sbatch file, when known
+    out_dirs: list[str] | None = None  # each task's out_dir (tl.jobs.submit knows them from the file)
 
     def __repr__(self) -> str:
         return f"Job({self.id}" + (f", {self.path}" if self.path else "") + ")"
@@ -217,14 +200,12 @@ class Job:
         return [self.result(i) for i in range(len(self._out_dirs()))]
 
     def _out_dirs(self) -> list[str]:
-        from .jobs import out_dirs, render_record
-
-        if self.path is None:
-            raise UserError(f"Job({self.id}) was made without its sbatch file; use Job(id, path) to read results")
-        dirs = out_dirs(render_record(self.path))
-        if not dirs:
+        if self.out_dirs is None:
+            raise UserError(f"Job({self.id}) does not know where its results go; use tl.jobs.attach(id, path) "
+                            "with the job's sbatch file to read them")
+        if not self.out_dirs:
             raise UserError(f"{self.path} runs a command, not the training: it leaves no result.json to read")
-        return dirs
+        return self.out_dirs
 
     def _result_path(self, task: int | None) -> Path:
         dirs = self._out_dirs()

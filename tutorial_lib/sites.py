@@ -1,0 +1,161 @@
+"""Site profiles (tutorial_lib/sites/<name>.yaml: what a cluster's jobs must say and set up) and the checks
+that keep every value a user gives out of the shell: Slurm words, names, paths, times.
+
+    site = tl.sites.load_site("generic")      # or the path of your own YAML file
+    tl.sites.time_seconds("1-12:00:00")       # 129600
+
+No torch here: jobs are rendered on login nodes.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .config import UserError
+
+SITES_DIR = Path(__file__).resolve().parent / "sites"
+GPU_REQUESTS = ("gpus-per-node", "gres", "gpus")
+
+
+def default_site() -> str:
+    """The site profile used when none is named: $WORKBOOK_SITE, else `generic`."""
+    return os.environ.get("WORKBOOK_SITE") or "generic"
+
+
+# ---------------------------------------------------------------------------------------- validation
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+WORD_RE = re.compile(r"[A-Za-z0-9_.-]+")
+WORDS_RE = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")  # a partition may be a list: gpu,gpu_long
+CONSTRAINT_RE = re.compile(r"[A-Za-z0-9_.&|,*\[\]()-]+")  # Slurm's feature syntax, e.g. gpu&hbm80g
+PATH_RE = re.compile(r"[A-Za-z0-9_./%-]+")
+MEM_RE = re.compile(r"[0-9]+[KMGT]?")
+ARRAY_RE = re.compile(r"[0-9]+(-[0-9]+(:[0-9]+)?)?(,[0-9]+(-[0-9]+(:[0-9]+)?)?)*(%[0-9]+)?")
+TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def check_name(field_name: str, value: str) -> str:
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+        raise UserError(f"{field_name}={value!r}: use 1-64 letters, digits, '_', '.', '-' (starting with a letter "
+                        "or digit), e.g. 01_single_gpu; no spaces, slashes or shell characters")
+    return value
+
+
+def check_pattern(field_name: str, value: Any, pattern: re.Pattern, allowed: str, fix: str) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise UserError(f"{field_name}={value!r}: only {allowed} may appear (no spaces, newlines or shell "
+                        f"characters); {fix}")
+    return value
+
+
+def time_seconds(value: str, field_name: str = "time") -> int:
+    """Seconds in a Slurm time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS."""
+    m = TIME_RE.fullmatch(value) if isinstance(value, str) else None
+    if not m:
+        raise UserError(f"{field_name}={value!r} is not a Slurm time; write HH:MM:SS (e.g. 02:00:00), "
+                        "minutes (e.g. 90) or D-HH:MM:SS (e.g. 1-12:00:00)")
+    days, a, b, c = (int(x) if x is not None else None for x in m.groups())
+    if days is not None:
+        h, mi, s = a, b or 0, c or 0  # D-HH, D-HH:MM, D-HH:MM:SS
+    elif b is None:
+        h, mi, s = 0, a, 0  # MM
+    elif c is None:
+        h, mi, s = 0, a, b  # MM:SS
+    else:
+        h, mi, s = a, b, c  # HH:MM:SS
+    if s > 59 or (mi > 59 and (days is not None or c is not None)):
+        raise UserError(f"{field_name}={value!r}: minutes and seconds go up to 59; write e.g. 01:30:00")
+    total = (days or 0) * 86400 + h * 3600 + mi * 60 + s
+    if total <= 0:
+        raise UserError(f"{field_name}={value!r} is zero; give the job some time, e.g. 00:30:00")
+    return total
+
+
+# ---------------------------------------------------------------------------------------- site profiles
+@dataclass(frozen=True)
+class Site:
+    """A cluster's profile (tutorial_lib/sites/<name>.yaml): what a job there must say and set up."""
+    name: str
+    description: str
+    partition: str | None
+    account: str | None
+    account_required: bool
+    qos: str | None
+    constraint: str | None
+    gpu_request: str
+    gpus_per_node: int
+    cpus_per_gpu: int
+    mem_per_gpu: str | None
+    max_nodes: int
+    max_time: str
+    default_time: str
+    shell: str
+    setup: str
+    launcher: str
+
+
+def site_names() -> list[str]:
+    return sorted(p.stem for p in SITES_DIR.glob("*.yaml"))
+
+
+def load_site(name: str | os.PathLike | None = None) -> Site:
+    """A site profile by name (tutorial_lib/sites/NAME.yaml) or by the path of a YAML file."""
+    import yaml
+
+    name = default_site() if name is None else name
+    path = Path(name) if str(name).endswith((".yaml", ".yml")) else SITES_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise UserError(f"site {str(name)!r} has no profile ({path}); one of {', '.join(site_names())}, or the "
+                        "path of your own YAML file (copy tutorial_lib/sites/generic.yaml to start)")
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UserError(f"site profile {path} is not valid YAML ({str(e).splitlines()[0]}); "
+                        "quote values that contain ': ' or '#'") from None
+    known = {f.name for f in fields(Site)} - {"name"}
+    unknown, missing = sorted(set(values) - known), sorted(known - set(values))
+    if unknown or missing:
+        raise UserError(f"site profile {path}: " + (f"unknown key {unknown[0]!r}; " if unknown else "")
+                        + (f"missing {', '.join(missing)}; " if missing else "")
+                        + "compare it with tutorial_lib/sites/generic.yaml")
+    site = Site(name=path.stem, **{k: ("" if v is None and k in ("setup", "launcher") else v)
+                                   for k, v in values.items()})
+    return _check_site(site, path)
+
+
+def _check_site(site: Site, path: Path) -> Site:
+    where = f"site profile {path}: "
+    try:
+        if site.gpu_request not in GPU_REQUESTS:
+            raise UserError(f"gpu_request={site.gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
+        for key in ("gpus_per_node", "cpus_per_gpu", "max_nodes"):
+            if not isinstance(getattr(site, key), int) or getattr(site, key) < 1:
+                raise UserError(f"{key}={getattr(site, key)!r} must be a positive integer")
+        time_seconds(site.max_time, "max_time")
+        time_seconds(site.default_time, "default_time")
+        check_slurm_words(site)
+    except UserError as e:
+        raise UserError(where + str(e)) from None
+    return site
+
+
+def check_slurm_words(r) -> None:
+    """Partition, account, qos, constraint and memory of a Site or Resources: nothing a shell would read."""
+    if r.partition is not None:
+        check_pattern("partition", r.partition, WORDS_RE, "letters, digits, '_', '.', '-' and ',' between names",
+                       "`sinfo -s` lists the partitions of your cluster")
+    if r.account is not None:
+        check_pattern("account", r.account, WORD_RE, "letters, digits, '_', '.', '-'",
+                       "`sacctmgr show assoc user=$USER format=account` lists yours")
+    if r.qos is not None:
+        check_pattern("qos", r.qos, WORD_RE, "letters, digits, '_', '.', '-'",
+                       "`sacctmgr show assoc user=$USER format=qos` lists yours")
+    if r.constraint is not None:
+        check_pattern("constraint", r.constraint, CONSTRAINT_RE,
+                       "feature names with Slurm's operators & | , * [ ] ( )",
+                       "e.g. constraint=gpu or constraint='gpu&hbm80g'; `sinfo -o '%N %f'` lists node features")
+    mem = getattr(r, "mem", None) or getattr(r, "mem_per_gpu", None)
+    if mem is not None:
+        check_pattern("mem", mem, MEM_RE, "a number with an optional unit K, M, G or T", "e.g. mem=64G")
