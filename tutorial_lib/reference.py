@@ -5,8 +5,12 @@ A GPU script (scripts/gpu/*.sh) runs the lesson on a real card and writes `noteb
     {"card": "NVIDIA H200", "gpus": 4, "torch": "2.11.0+cu130", "date": "2026-11-26",
      "script": "scripts/gpu/mixed_precision.sh", "figures": {"fp32_img_s": 8938.2, ...}}
 
-A notebook shows them with `tl.reference.show(name, ...)`: the figures always carry the card, the torch
-version and the date of the run that produced them, and nothing is typed by hand. No torch here.
+How figures get there: a notebook cell that measures something calls `tl.reference.record(name, key=value)`.
+On a CPU (CI, laptops) that does nothing. Under the GPU runner (scripts/gpu/notebooks.sh sets
+WORKBOOK_REFERENCE_DIR) it adds the figures to <that dir>/<name>.json, and the runner stores a fingerprint of
+every cell that records into `name` ("cells"), so a test can tell when a notebook changed after its reference
+run. A cell shows them with `tl.reference.show(name, ...)`: the figures always carry the card, the torch
+version and the date of the run that produced them; nothing is typed by hand. No torch imported at module level.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from .results import atomic_write_text
 
 FOLDER = Path(__file__).resolve().parents[1] / "notebooks" / "reference"
 KEYS = ("card", "gpus", "torch", "date", "script", "figures")
+ENV = "WORKBOOK_REFERENCE_DIR"  # set by the GPU runner: record() writes there
 
 
 def path(name: str, folder: str | os.PathLike | None = None) -> Path:
@@ -54,11 +59,77 @@ def write(name: str, figures: dict[str, Any], *, script: str, card: str | None =
         card = card or torch.cuda.get_device_name(0)
         gpus = torch.cuda.device_count() if gpus is None else gpus
         torch_version = torch_version or torch.__version__
-    record = {"card": card, "gpus": gpus, "torch": torch_version, "date": datetime.date.today().isoformat(),
-              "script": script, "figures": figures}
+    entry = {"card": card, "gpus": gpus, "torch": torch_version, "date": datetime.date.today().isoformat(),
+             "script": script, "figures": figures}
     p = path(name, folder)
+    old = load(name, folder) if p.is_file() else None
+    if old and "cells" in old:
+        entry["cells"] = old["cells"]
     p.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write_text(p, json.dumps(record, indent=1, sort_keys=False) + "\n")
+    return atomic_write_text(p, json.dumps(entry, indent=1, sort_keys=False) + "\n")
+
+
+def record(name: str, **figures: Any) -> dict[str, Any]:
+    """Note figures a notebook cell measured. Written only under the GPU runner ($WORKBOOK_REFERENCE_DIR set and
+    a CUDA GPU visible), merged into that folder's <name>.json; elsewhere nothing is written. Returns `figures`."""
+    folder = os.environ.get(ENV)
+    if not folder:
+        return figures
+    import torch
+
+    if not torch.cuda.is_available():
+        return figures
+    old = load(name, folder) or {"figures": {}}
+    write(name, {**old["figures"], **figures}, script=os.environ.get("WORKBOOK_REFERENCE_SCRIPT", "a notebook"),
+          folder=folder)
+    return figures
+
+
+def cell_fingerprint(sources: list[str]) -> str:
+    """A short hash of the source of the cells that record into one reference file (the runner stores it)."""
+    import hashlib
+
+    return hashlib.sha256("\n\x00".join(s.strip() for s in sources).encode()).hexdigest()[:16]
+
+
+def recording_cells(notebook: str | os.PathLike) -> dict[str, list[str]]:
+    """reference name -> the sources of the notebook's code cells that call tl.reference.record(name, ...)."""
+    import re
+
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    out: dict[str, list[str]] = {}
+    for cell in cells:
+        src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        if cell["cell_type"] == "code":
+            for name in re.findall(r"reference\.record\(\s*[\"']([\w.-]+)[\"']", src):
+                out.setdefault(name, []).append(src)
+    return out
+
+
+def stamp(notebook: str | os.PathLike, folder: str | os.PathLike | None = None) -> list[str]:
+    """After a GPU run of `notebook`: store the fingerprint of its recording cells in each of its reference
+    files (the GPU runner calls this). Returns the names stamped."""
+    stamped = []
+    for name, sources in recording_cells(notebook).items():
+        rec = load(name, folder)
+        if rec is not None:
+            rec["cells"] = cell_fingerprint(sources)
+            atomic_write_text(path(name, folder), json.dumps(rec, indent=1) + "\n")
+            stamped.append(name)
+    return stamped
+
+
+def stale(notebook: str | os.PathLike, folder: str | os.PathLike | None = None) -> list[str]:
+    """Why the reference files of `notebook` are missing or older than its recording cells ([] when fresh)."""
+    problems = []
+    for name, sources in recording_cells(notebook).items():
+        rec = load(name, folder)
+        if rec is None:
+            problems.append(f"{Path(notebook).name}: no reference file {path(name, folder).name}")
+        elif rec.get("cells") != cell_fingerprint(sources):
+            problems.append(f"{Path(notebook).name}: cells recording {name!r} changed after its reference run "
+                            f"({rec['date']})")
+    return problems
 
 
 def where(record: dict[str, Any]) -> str:
