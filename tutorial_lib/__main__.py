@@ -156,17 +156,41 @@ def _jobs_parser() -> argparse.ArgumentParser:
 
 
 def _jobs_render(args) -> int:
-    from .jobs import Resources, shown_path, sweep_from_cli, write
+    from .jobs import Resources, shown_path, write
 
     values = {f.name: getattr(args, f.name) for f in fields(Resources) if getattr(args, f.name) is not None}
     if args.command and (args.overrides or args.config or args.sweep or args.point):
         raise UserError("--command runs a command of yours: leave out key=value overrides, --config and sweeps")
-    sweep = sweep_from_cli(args.sweep, [shlex.split(point) for point in args.point])
+    sweep = _sweep_from_cli(args.sweep, [shlex.split(point) for point in args.point])
     cfg = None if args.command else load(args.config, args.overrides)
     path = write(args.name, cfg, site=args.site, command=args.command, sweep=sweep, description=args.description,
                  jobs_dir=args.jobs_dir, show=args.show, **values)
     print(shown_path(path))
     return 0
+
+
+def _sweep_from_cli(grid: list[str], points: list[list[str]]) -> dict | list | None:
+    """A sweep from the command line: `--sweep KEY=V1,V2` items (every combination) or `--point` word lists."""
+    if grid and points:
+        raise UserError("give the sweep either as --sweep KEY=V1,V2 (every combination) or as --point, not both")
+    if grid:
+        sweep = {}
+        for item in grid:
+            key, sep, vals = item.partition("=")
+            if not sep or not vals:
+                raise UserError(f"--sweep {item!r} is not KEY=V1,V2 (e.g. --sweep batch_size=64,128)")
+            sweep[key] = vals.split(",")
+        return sweep
+    out = []
+    for words in points:
+        point = {}
+        for word in words:
+            key, sep, value = word.partition("=")
+            if not sep:
+                raise UserError(f"--point entry {word!r} is not key=value")
+            point[key] = value
+        out.append(point)
+    return out or None
 
 
 def _jobs_submit(args) -> int:

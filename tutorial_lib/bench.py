@@ -173,7 +173,7 @@ def bench(cfg: TrainConfig, steps: int | None = None, window: int | None = None,
     say what bounds it. `steps` timed steps per measure (default cfg.steps or 100) in windows of `window`
     steps (default steps/10), after `warmup` steps (default cfg.timing_warmup) -- plus, for IO and FULL,
     the batches the DataLoader workers had loaded before the clock started (num_workers x prefetch_factor).
-    Writes <out_dir>/bench.json; FULL also writes the run's result.json."""
+    Writes <out_dir>/bench.json; FULL also writes the run's result.json. (Notebook 03 teaches it.)"""
     unknown = [m for m in measures if m not in MEASURES]
     if unknown or not measures:
         raise UserError(f"measures={list(measures)!r}: choose from {', '.join(MEASURES)}")
@@ -252,7 +252,8 @@ def _relation(a: float, b: float) -> str:
 
 
 def dataset_mb(cfg: TrainConfig) -> float:
-    """Size of the training images as uint8 in memory (what loader=gpu_resident puts on the GPU)."""
+    """Size of the training images as uint8 in memory (what loader=gpu_resident puts on the GPU).
+    (Notebook 03 teaches it.)"""
     channels, size, *_ = data.SPECS[cfg.dataset]
     n = cfg.train_size or FULL_SIZES[cfg.dataset]
     return n * channels * size * size / 2**20

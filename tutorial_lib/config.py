@@ -32,7 +32,7 @@ CONFIGS_DIR = ROOT / "configs"
 def usable_cpus() -> int:
     """CPUs this process may use: the Slurm allocation (SLURM_CPUS_PER_TASK) inside a job, else the CPUs it
     is pinned to (the affinity mask; os.cpu_count() where there is none, as on macOS). Not os.cpu_count():
-    on a shared node that counts CPUs that belong to other jobs."""
+    on a shared node that counts CPUs that belong to other jobs. (Notebook 03 teaches it.)"""
     slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
     if slurm.isdigit() and int(slurm) > 0:
         return int(slurm)
@@ -43,7 +43,7 @@ def usable_cpus() -> int:
 
 def default_workers(cpus: int | None = None) -> int:
     """The workbook's one rule for DataLoader workers: the process's CPUs minus one for the training loop,
-    at most 8 (more rarely helps one GPU and multiplies memory)."""
+    at most 8 (more rarely helps one GPU and multiplies memory). (Notebook 03 teaches it.)"""
     cpus = usable_cpus() if cpus is None else cpus
     return max(0, min(8, cpus - 1))
 
@@ -224,6 +224,11 @@ class TrainConfig:
         return path
 
 
+def named_configs() -> str:
+    """The YAML files in configs/, e.g. 'baseline.yaml, optimized.yaml'."""
+    return ", ".join(sorted(p.name for p in CONFIGS_DIR.glob("*.yaml"))) or "none"
+
+
 def key_help() -> dict[str, tuple[str, str, str]]:
     """name -> (default, allowed values, meaning) for every TrainConfig field; the meaning is the comment on
     the field's line in this file (so `train --help` can't drift from the code)."""
@@ -250,7 +255,8 @@ def from_dict(values: dict[str, Any]) -> TrainConfig:
 
 
 def load(path: str | os.PathLike | None = None, overrides: list[str] | dict[str, Any] | None = None) -> TrainConfig:
-    """Build a config from an optional YAML file and `key=value` overrides (strings or a dict)."""
+    """Build a config from an optional YAML file and `key=value` overrides (strings or a dict).
+    (Notebook 00 teaches it.)"""
     import yaml
 
     values: dict[str, Any] = {}
@@ -258,7 +264,7 @@ def load(path: str | os.PathLike | None = None, overrides: list[str] | dict[str,
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist; check the path "
-                              f"(the workbook's named configs: {', '.join(sorted(p.name for p in CONFIGS_DIR.glob('*.yaml')))})")
+                              f"(the workbook's named configs: {named_configs()})")
         loaded = yaml.safe_load(p.read_text()) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(p)!r} must hold a mapping of key: value, not {type(loaded).__name__}")

@@ -42,6 +42,7 @@ def crop_flip(x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, pad: 
 
     `offsets` (N, 2) holds each sample's (top, left) in [0, 2*pad]; `flips` (N,) bools. The CPU loader and
     the GPU-side augmentation both call this, so the same draws give the same pixels.
+    (Notebook 03 teaches it.)
     """
     n, c, h, w = x.shape
     padded = torch.nn.functional.pad(x, (pad, pad, pad, pad)).flatten(2)  # (N, C, (H+2p)*(W+2p))
@@ -54,7 +55,7 @@ def crop_flip(x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, pad: 
 
 
 def draw_augment(n: int, gen: torch.Generator, pad: int = 4, device: str | torch.device = "cpu"):
-    """Random crop offsets and flips for n samples, drawn from `gen`."""
+    """Random crop offsets and flips for n samples, drawn from `gen`. (Notebook 03 teaches it.)"""
     offsets = torch.randint(0, 2 * pad + 1, (n, 2), generator=gen, device=device)
     flips = torch.rand(n, generator=gen, device=device) < 0.5
     return offsets, flips
@@ -65,7 +66,7 @@ def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
 
 
 def normalize(x: torch.Tensor, dataset: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 (N, C, H, W) -> normalised float on x's device."""
+    """uint8 (N, C, H, W) -> normalised float on x's device. (Notebook 01 teaches it.)"""
     mean, std = _mean_std(dataset, x.device, dtype)
     return (x.to(dtype) / 255 - mean) / std
 
@@ -128,7 +129,8 @@ class TorchvisionImages:
 
 
 def base_dataset(cfg: TrainConfig, split: str):
-    """The un-augmented images of a split ('train' or 'val') as an indexable of (uint8 CHW, label)."""
+    """The un-augmented images of a split ('train' or 'val') as an indexable of (uint8 CHW, label).
+    (Notebook 03 teaches it.)"""
     if cfg.dataset == "shapes":
         n = (cfg.train_size or 50_000) if split == "train" else (cfg.val_size or 10_000)
         return ArrayImages(*cached_shapes(n, seed=2 * cfg.seed + (split == "val")))
@@ -152,7 +154,7 @@ def torchvision_dataset(name: str, data_dir: str, train: bool, download: bool = 
 
 def fetch(name: str, data_dir: str = "data") -> Path:
     """Stage a dataset in data_dir: download a torchvision one (on a login node with internet), or write
-    the imagefolder set of PNG files from the shapes generator (offline)."""
+    the imagefolder set of PNG files from the shapes generator (offline). (Notebook 00 teaches it.)"""
     if name == "imagefolder":
         from .imagefolder import write_imagefolder
 
@@ -166,7 +168,7 @@ def fetch(name: str, data_dir: str = "data") -> Path:
 
 
 def staged(data_dir: str = "data") -> dict[str, bool]:
-    """Which datasets are present in data_dir (checked without loading them)."""
+    """Which datasets are present in data_dir (checked without loading them). (Notebook 00 teaches it.)"""
     marks = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "mnist": "MNIST/raw"}
     found = {name: (Path(data_dir) / mark).is_dir() for name, mark in marks.items()}
     found["imagefolder"] = (Path(data_dir) / "imagefolder" / "manifest.json").is_file()
@@ -198,7 +200,8 @@ class EpochSampler(DistributedSampler):
 
 def build_loader(cfg: TrainConfig, split: str, rank: int = 0, world_size: int = 1, batch_size: int | None = None,
                  pin_memory: bool | None = None) -> DataLoader:
-    """A DataLoader for one rank. Every knob comes from the config; `batch_size` is per device."""
+    """A DataLoader for one rank. Every knob comes from the config; `batch_size` is per device.
+    (Notebook 01 teaches it.)"""
     train = split == "train"
     base = subset(base_dataset(cfg, split), cfg.train_size if train else cfg.val_size)
     augment = train and cfg.augment and cfg.dataset != "mnist"  # flipped digits are other digits
@@ -246,7 +249,7 @@ class LoaderInput:
 class CudaPrefetcher:
     """Starts copying batch k+1 to the GPU, on a side CUDA stream, before step k runs, so the copy overlaps
     the step. The copy only runs asynchronously from pinned memory (pin_memory=true). On a CPU there is
-    nothing to overlap and it yields the loader's batches as they are."""
+    nothing to overlap and it yields the loader's batches as they are. (Notebook 03 teaches it.)"""
 
     def __init__(self, inner: LoaderInput, device: torch.device):
         self.inner, self.device = inner, device
@@ -282,6 +285,7 @@ class DeviceResidentInput:
     Shards like DistributedSampler (each rank gets the indices loader=dataloader would give it) and starts
     at any batch (resume). Augmentation is `crop_flip`, the function the CPU loader calls, on draws from a
     device generator seeded by (seed, epoch, rank, batch), so a resumed run sees the same pixels.
+    (Notebook 03 teaches it.)
     """
 
     def __init__(self, cfg: TrainConfig, split: str, env, batch_size: int):

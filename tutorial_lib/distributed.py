@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 @dataclass
 class DistEnv:
+    """Where this process runs: its rank, local rank, the world size, its device (notebook 05 teaches it)."""
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
@@ -51,7 +52,8 @@ def pick_device(requested: str, local_rank: int = 0) -> torch.device:
 
 
 def setup(parallel: str, device: str = "auto", timeout_s: int = 600) -> DistEnv:
-    """Read the environment, choose the device, and join the process group when running DDP."""
+    """Read the environment, choose the device, and join the process group when running DDP.
+    (Notebook 05 teaches it.)"""
     env = read_env()
     env.device = pick_device(device, env.local_rank)
     if env.device.type == "cuda":

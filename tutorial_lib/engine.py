@@ -32,6 +32,7 @@ class Preempted(Exception):
 
 
 def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model and threads: every printed figure names it (notebook 01 teaches it)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     cpu = platform.processor() or platform.machine()

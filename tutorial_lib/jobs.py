@@ -195,30 +195,6 @@ def _command(command: str | list[str]) -> Program:
     return Program(words or ["-c", "pass"], False, python, argv)
 
 
-def sweep_from_cli(grid: list[str], points: list[list[str]]) -> dict | list | None:
-    """A sweep from the command line: `--sweep KEY=V1,V2` items (every combination) or `--point` word lists."""
-    if grid and points:
-        raise UserError("give the sweep either as --sweep KEY=V1,V2 (every combination) or as --point, not both")
-    if grid:
-        sweep = {}
-        for item in grid:
-            key, sep, vals = item.partition("=")
-            if not sep or not vals:
-                raise UserError(f"--sweep {item!r} is not KEY=V1,V2 (e.g. --sweep batch_size=64,128)")
-            sweep[key] = vals.split(",")
-        return sweep
-    out = []
-    for words in points:
-        point = {}
-        for word in words:
-            key, sep, value = word.partition("=")
-            if not sep:
-                raise UserError(f"--point entry {word!r} is not key=value")
-            point[key] = value
-        out.append(point)
-    return out or None
-
-
 def sweep_points(sweep: dict[str, list] | list[dict] | None) -> list[dict[str, str]]:
     """A grid {key: [values]} or a list of points [{key: value}], as points of key -> value strings."""
     if not sweep:
@@ -262,8 +238,8 @@ def render(name: str, cfg: TrainConfig | None = None, *, site: str | None = None
         raise UserError("give a TrainConfig (cfg) or a command, not both or neither")
     if sweep and cfg is None:
         raise UserError("sweep varies TrainConfig fields; for a command use array=0-N and $SLURM_ARRAY_TASK_ID")
-    prof = load_site(site)
-    r = resolve(resources(**resource_values), prof)
+    profile = load_site(site)
+    r = resolve(resources(**resource_values), profile)
     points = sweep_points(sweep)
     if points and r.array is not None:
         raise UserError(f"array={r.array!r} and a sweep both set the array; leave array out (the sweep sets it)")
@@ -275,9 +251,9 @@ def render(name: str, cfg: TrainConfig | None = None, *, site: str | None = None
     if r.line_profile and not program.training:
         raise UserError("line_profile profiles the training (-m tutorial_lib train); for a command of your own, "
                         "put kernprof -l in the command itself")
-    context = _context(name, prof, r, program, points, cfg, description)
+    context = _context(name, profile, r, program, points, cfg, description)
     own_file = site is not None and str(site).endswith((".yaml", ".yml"))  # a profile outside tutorial_lib/sites
-    record = {"name": name, "site": str(site) if own_file else prof.name, "description": description,
+    record = {"name": name, "site": str(site) if own_file else profile.name, "description": description,
               "resources": resources_record(resource_values),
               "overrides": program.overrides if program.training else None,
               "command": None if program.training else program.overrides, "sweep": points or None}
@@ -455,6 +431,7 @@ def write(name: str, cfg: TrainConfig | None = None, *, site: str | None = None,
                       description="notebook 05: DDP on one node, 4 GPUs")
     and commit the file: a test renders every jobs/*.sbatch again from its `workbook-render` line and fails
     when the file is stale. site=None uses $WORKBOOK_SITE or `generic`.
+    (Notebook 01 teaches it.)
     """
     text = render(name, cfg, site=site, command=command, sweep=sweep, description=description, **resource_values)
     path = Path(jobs_dir) if jobs_dir is not None else JOBS_DIR
@@ -495,7 +472,8 @@ def stale(jobs_dir: str | os.PathLike | None = None) -> list[Path]:
     return [p for p in sorted(folder.glob("*.sbatch")) if p.read_text() != rerender(p)]
 
 
-def submit(path: str | os.PathLike, *, cwd: str | os.PathLike | None = None, sbatch_args: list[str] | tuple = ()) -> Job:
+def submit(path: str | os.PathLike, *, cwd: str | os.PathLike | None = None,
+           sbatch_args: list[str] | tuple = ()) -> Job:
     """Submit a job file written by `write` (notebook 01 teaches it); returns a tl.slurm.Job that knows where
     each task's result.json goes. Without Slurm here, the error says how to run the same thing without it."""
     record = _record_or_none(path)

@@ -34,6 +34,7 @@ class MnistCNN(nn.Module):
 
 
 def build(name: str, num_classes: int) -> nn.Module:
+    """A fresh model by name, never pretrained (notebook 01 teaches it)."""
     if name == "resnet18":
         return resnet18(num_classes, stem="cifar")
     if name == "resnet18_imagenet":
@@ -44,6 +45,7 @@ def build(name: str, num_classes: int) -> nn.Module:
 
 
 def count_parameters(model: nn.Module) -> int:
+    """How many numbers the model learns (notebook 01 teaches it)."""
     return sum(p.numel() for p in model.parameters())
 
 

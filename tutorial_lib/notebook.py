@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ROOT
+from .config import ROOT
 
 
 @dataclass
@@ -24,6 +24,7 @@ def setup(quiet: bool = False) -> Session:
     """chdir to the workbook root (so runs/, data/ and jobs/ are where the README says) and print a banner.
 
     WORKBOOK_SIZE=small|full overrides the automatic choice (small without a GPU, full with one).
+    (Notebook 00 teaches it.)
     """
     import torch
 

@@ -23,12 +23,14 @@ class _NoProfiler:
 
 
 def trace_dir(out_dir: str | os.PathLike) -> Path:
-    """Where traces go: inside the run's TensorBoard folder, so the PyTorch Profiler tab finds them."""
+    """Where traces go: inside the run's TensorBoard folder, so the PyTorch Profiler tab finds them.
+    (Notebook 02 teaches it.)"""
     return Path(out_dir) / "tb" / "profile"
 
 
 def activities(device: torch.device | str) -> list:
-    """What torch.profiler records on `device`: host operators always, GPU kernels and copies on CUDA."""
+    """What torch.profiler records on `device`: host operators always, GPU kernels and copies on CUDA.
+    (Notebook 02 teaches it.)"""
     acts = [torch.profiler.ProfilerActivity.CPU]
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         acts.append(torch.profiler.ProfilerActivity.CUDA)
@@ -43,6 +45,7 @@ def profiler(cfg, env):
     The schedule skips `profile_wait` steps, warms up for `profile_warmup` (recorded, then thrown away: the
     first recorded steps carry the profiler's own start-up cost), records `profile_active`, and does that
     `profile_repeat` times; each cycle writes one file, rank<N>.<timestamp>.pt.trace.json.gz.
+    (Notebook 02 teaches it.)
     """
     if not cfg.profile:
         yield _NoProfiler()
@@ -68,7 +71,8 @@ def profiler(cfg, env):
 
 def start_tensorboard(logdir: str | os.PathLike = "runs"):
     """tl.tensorboard.start(logdir), restarted if it already runs: the PyTorch Profiler plugin reads a run once,
-    when it first sees it, so a TensorBoard started before a trace was (re)written shows the old trace or none."""
+    when it first sees it, so a TensorBoard started before a trace was (re)written shows the old trace or none.
+    (Notebook 02 teaches it.)"""
     from . import tensorboard
 
     for tb in tensorboard.running():
@@ -82,6 +86,7 @@ def profiler_runs(board, wait_for: str | None = None, timeout: float = 60) -> di
 
     `board` is a tl.tensorboard handle. The plugin scans for traces every 10 s and reads them in the
     background: this waits until it is done loading and, if given, lists the run `wait_for` (at most `timeout` s).
+    (Notebook 02 teaches it.)
     """
     import json
     import time
@@ -168,6 +173,7 @@ def line_profile(functions, call, *args, **kwargs) -> LineReport:
 
     On a GPU the lines that launch kernels return before the kernels finish, so a line's time is its launch
     cost; the GPU's work shows up on the first line that waits for it (`.item()`, `.tolist()`, a copy to the host).
+    (Notebook 02 teaches it.)
     """
     from line_profiler import LineProfiler
 

@@ -36,7 +36,7 @@ def slurm() -> dict:
 
 
 def env_report(data_dir: str = "data") -> dict:
-    """Python, packages, CUDA, GPUs, CPUs, Slurm and staged datasets, as a dict."""
+    """Python, packages, CUDA, GPUs, CPUs, Slurm and staged datasets, as a dict. (Notebook 00 teaches it.)"""
     import torch
 
     from .data import staged

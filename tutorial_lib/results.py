@@ -59,7 +59,7 @@ def _finite(value):
 
 
 def load_result(out_dir: str | os.PathLike) -> Result:
-    """The Result of the run in `out_dir` (its result.json)."""
+    """The Result of the run in `out_dir` (its result.json). (Notebook 01 teaches it.)"""
     path = Path(out_dir) / "result.json"
     if not path.is_file():
         raise UserError(f"no result.json in {str(out_dir)!r}: the run did not finish (see its log)")
@@ -72,7 +72,7 @@ def load_result(out_dir: str | os.PathLike) -> Result:
 
 
 def result_line(res: dict) -> str:
-    """One line on a result.json (as a dict): throughput with its device, loss, accuracy."""
+    """One line on a result.json (as a dict): throughput with its device, loss, accuracy. (Notebook 01 teaches it.)"""
     acc = "n/a" if res.get("val_accuracy") is None else f"{100 * res['val_accuracy']:.1f}%"
     loss = "n/a" if res.get("final_loss") is None else f"{res['final_loss']:.3f}"
     return (f"{res['throughput_img_s']:,.0f} img/s on {res['device']} x{res['world_size']}, {res['steps']} steps, "

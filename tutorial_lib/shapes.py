@@ -16,6 +16,7 @@ def make_shapes(n: int, seed: int, size: int = 32, chunk: int = 4096) -> tuple[n
     """`n` images (n, size, size, 3) uint8 of ten shape classes on noisy backgrounds, and their labels.
 
     Deterministic from `seed`; the first k images are the same whatever `n` is (chunks have their own seeds).
+    (Notebook 00 teaches it.)
     """
     images, labels = [], []
     for start in range(0, n, chunk):

@@ -90,6 +90,7 @@ def start(logdir: str | os.PathLike = "runs", port: int | None = None, timeout: 
     """Start TensorBoard on `logdir` (or reuse the live one already serving it) and return its handle.
 
     Displayed as the last expression of a cell, the handle shows the link and the TensorBoard page inline.
+    (Notebook 00 teaches it.)
     """
     logdir = str(Path(logdir).resolve())
     Path(logdir).mkdir(parents=True, exist_ok=True)
@@ -115,7 +116,8 @@ def start(logdir: str | os.PathLike = "runs", port: int | None = None, timeout: 
 
 
 def stop(tb: TensorBoard | None = None) -> int:
-    """Stop `tb`, or every TensorBoard this workbook started. Returns how many were stopped."""
+    """Stop `tb`, or every TensorBoard this workbook started. Returns how many were stopped.
+    (Notebook 00 teaches it.)"""
     stopped = 0
     for r in _records():
         if tb is None or r.pid == tb.pid:

@@ -23,7 +23,6 @@ applies, in this order.
 """
 from __future__ import annotations
 
-import bisect
 import gzip
 import json
 import os
@@ -33,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import UserError
+
+from .intervals import covers, partition, union
 
 PARTS = ("data", "copy", "compute", "comm", "optimizer", "idle")
 PART_LABELS = {"data": "waiting for data", "copy": "copies, input prep", "compute": "compute (fwd + bwd)",
@@ -95,70 +96,6 @@ def read_trace(path: Path) -> dict:
     if isinstance(trace, list):  # a bare event list is valid Chrome-trace JSON too
         trace = {"traceEvents": trace}
     return trace
-
-
-# ---------------------------------------------------------------------- interval arithmetic
-def union(intervals) -> list[tuple[float, float]]:
-    """Sorted, non-overlapping (start, end) pairs covering the same time as `intervals`."""
-    out: list[list[float]] = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        elif e > s:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
-
-
-def clip(merged: list[tuple[float, float]], start: float, end: float) -> list[tuple[float, float]]:
-    """The part of a union() result inside [start, end]."""
-    i = max(0, bisect.bisect_right(merged, (start, float("inf"))) - 1)
-    out = []
-    for s, e in merged[i:]:
-        if s >= end:
-            break
-        if e > start:
-            out.append((max(s, start), min(e, end)))
-    return out
-
-
-def subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """a minus b, both union() results."""
-    out, j = [], 0
-    for s, e in a:
-        while j < len(b) and b[j][1] <= s:
-            j += 1
-        k, cur = j, s
-        while k < len(b) and b[k][0] < e:
-            if b[k][0] > cur:
-                out.append((cur, b[k][0]))
-            cur = max(cur, b[k][1])
-            k += 1
-        if cur < e:
-            out.append((cur, e))
-    return out
-
-
-def length(intervals) -> float:
-    return sum(e - s for s, e in intervals)
-
-
-def partition(window: tuple[float, float], ordered: list[tuple[str, list]]) -> dict[str, float]:
-    """Cut `window` into parts: each instant goes to the first (part, union) in `ordered` that covers it,
-    the rest to "idle". Returns part -> microseconds; the parts add up to the window."""
-    start, end = window
-    taken: list[tuple[float, float]] = []
-    parts = dict.fromkeys(PARTS, 0.0)
-    for part, merged in ordered:
-        new = subtract(clip(merged, start, end), taken)
-        parts[part] += length(new)
-        taken = union(taken + new)
-    parts["idle"] += length(subtract([(start, end)], taken))
-    return parts
-
-
-def _covers(merged: list[tuple[float, float]], t: float) -> bool:
-    i = bisect.bisect_right(merged, (t, float("inf"))) - 1
-    return i >= 0 and merged[i][0] <= t < merged[i][1]
 
 
 # ---------------------------------------------------------------------- what one trace says
@@ -251,11 +188,15 @@ def summarize_trace(path: Path, worker: str | None = None, view: str | None = No
         ordered = _gpu_parts(spans, device_events, phases)
     else:
         ordered = _host_parts(spans, main, phases)
-    step_times = [StepTime(name, (e - s) / 1000, {p: us / 1000 for p, us in partition((s, e), ordered).items()})
-                  for name, s, e in steps]
+    step_times = [StepTime(name, (e - s) / 1000, _parts_ms(partition((s, e), ordered))) for name, s, e in steps]
     top_ops, top_kernels = _top_ops_and_kernels(spans, device_events, main[0], len(steps))
     return TraceSummary(worker or _worker(path), path, _device_name(trace, device_events), view, step_times,
                         top_ops[:top], top_kernels[:top], _peak_memory(events))
+
+
+def _parts_ms(parts_us: dict[str, float]) -> dict[str, float]:
+    """Every part of PARTS, in milliseconds (parts absent from this view count 0)."""
+    return {p: parts_us.get(p, 0.0) / 1000 for p in PARTS}
 
 
 def _main_thread_and_steps(spans):
@@ -372,7 +313,7 @@ def _phase_at(t, phases) -> str:
     """The phase the training thread was in when it launched a kernel at host time t."""
     if t is not None:
         for part in ("copy", "data", "optimizer"):
-            if _covers(phases[part], t):
+            if covers(phases[part], t):
                 return "copy" if part == "data" else part  # kernels launched while fetching: input prep
     return "compute"
 
@@ -512,7 +453,7 @@ def summarize(path: str | os.PathLike, view: str | None = None, top: int = 15, l
     """Summarise the traces of a run: `path` is its out_dir, its tb/profile folder, or one trace file.
 
     One TraceSummary per rank (each rank's newest trace unless latest=False). view: "gpu" (the default for
-    traces with GPU activity) or "host" (the default on CPU)."""
+    traces with GPU activity) or "host" (the default on CPU). (Notebook 02 teaches it.)"""
     traces = []
     for worker, files in find_traces(path, latest).items():
         for f in files:
