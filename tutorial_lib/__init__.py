@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]  # the workbook checkout (notebooks/,
 __all__ = ["ConfigError", "ROOT", "TrainConfig", "UserError", "launch", "load", "load_result", "train"]
 
 
-SUBMODULES = ("bench", "config", "data", "distributed", "engine", "imagefolder", "jobs", "models", "notebook",
-              "profiling", "reference", "report", "results", "tensorboard", "trace_summary")
+SUBMODULES = ("bench", "config", "data", "distributed", "doctor", "engine", "imagefolder", "jobs", "models",
+              "notebook", "profiling", "reference", "report", "results", "sitecheck", "tensorboard", "trace_summary")
 
 
 def __getattr__(name):

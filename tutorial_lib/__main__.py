@@ -62,7 +62,13 @@ def _data(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "data": _data}
+def _doctor(argv: list[str]) -> int:
+    from . import doctor
+
+    return doctor.cli(argv)
+
+
+COMMANDS = {"train": _train, "data": _data, "doctor": _doctor}
 PLUGINS = {"jobs": "tutorial_lib.jobs", "bench": "tutorial_lib.bench"}  # modules with cli(argv) -> int
 
 
