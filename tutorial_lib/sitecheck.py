@@ -193,8 +193,8 @@ def check_sbatch(ctx: SiteFacts) -> Check:
     last = out.splitlines()[-1].replace("sbatch: ", "") if out else "no answer"
     if code != 0:
         return Check("sbatch", "FAIL", f"sbatch --test-only refuses {what} of site {ctx.site.name!r}: {last}",
-                     "fix the partition / account / GPU syntax in the site profile")
-    start = re.sub(r" to start at \S+", "", last)  # "Job 12 to start at <date> using 1 processors on nodes ..."
+                     "check the partition, account and GPU syntax of the site profile, and --account / --reservation")
+    start = re.sub(r"Job \d+ to start at \S+ ", "", last)  # "Job 12 to start at <date> using 1 processors ..."
     return Check("sbatch", "PASS", f"sbatch --test-only accepts {what}: {start}")
 
 
