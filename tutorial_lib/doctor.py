@@ -20,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -416,12 +417,14 @@ def run(options: Options | None = None, show: bool = True, **values) -> Report:
     ctx.site  # a bad --site is the user's error, not a failed check  # noqa: B018
     checks = []
     for check in CHECKS:
+        t0 = time.perf_counter()
         try:
-            checks.append(check(ctx))
+            result = check(ctx)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
-            name = check.__name__.removeprefix("check_")
-            checks.append(Check(name, "FAIL", f"the check itself failed: {type(e).__name__}: {e}",
-                                "report this with the output of python -m tutorial_lib doctor --json"))
+            result = Check(check.__name__.removeprefix("check_"), "FAIL", f"the check itself failed: "
+                           f"{type(e).__name__}: {e}", "report it with the output of python -m tutorial_lib doctor --json")
+        result.seconds = round(time.perf_counter() - t0, 2)
+        checks.append(result)
     report = Report(checks)
     if show:
         print(report.table())

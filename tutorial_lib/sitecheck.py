@@ -36,6 +36,7 @@ class Check:
     status: str  # PASS | WARN | FAIL | SKIP
     message: str
     fix: str = ""
+    seconds: float = 0.0  # how long the check took
 
 
 def run_command(cmd: list[str], timeout: float, cwd: Path | None = None) -> tuple[int | None, str]:
