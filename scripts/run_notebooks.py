@@ -3,8 +3,17 @@
 
     python scripts/run_notebooks.py --out build/notebooks notebooks/*.ipynb   # executed copies (make workbook)
     python scripts/run_notebooks.py --inplace notebooks/01_single_gpu.ipynb     # refresh committed outputs
+    python scripts/run_notebooks.py --out build/notebooks --timings docs/notebook_timings.json notebooks/*.ipynb
+
+--timings records each notebook's run (seconds, its slowest cells, the machine) into a JSON file, merged
+with what it holds; scripts/instructor_figures.py turns docs/notebook_timings.json into the instructor's
+guide's timing plan.
 """
 import argparse
+import datetime
+import json
+import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -26,6 +35,43 @@ def run(path: Path, dest: Path, timeout: int) -> float:
     return time.time() - t0
 
 
+def cell_seconds(nb) -> list[tuple[int, float, str]]:
+    """(cell index, seconds, first line) of each executed code cell, from the timing nbclient records."""
+    out = []
+    for i, cell in enumerate(nb.cells):
+        t = cell.get("metadata", {}).get("execution", {})
+        if cell.cell_type == "code" and "iopub.execute_input" in t and "shell.execute_reply" in t:
+            start, end = (datetime.datetime.fromisoformat(t[k].replace("Z", "+00:00"))
+                          for k in ("iopub.execute_input", "shell.execute_reply"))
+            lines = [x for x in cell.source.splitlines() if x.strip() and not x.startswith("# NBVAL")]
+            out.append((i, round((end - start).total_seconds(), 1), lines[0][:80] if lines else ""))
+    return out
+
+
+def machine() -> str:
+    """The device the notebooks ran on, in words: 'CPU only (2 cores)' or '1x NVIDIA H100 ...'."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}"
+    return f"CPU only ({len(os.sched_getaffinity(0))} cores, {platform.machine()})"
+
+
+def record_timing(path: Path, dest: Path, seconds: float) -> None:
+    import torch
+
+    nb = nbformat.read(dest, as_version=4)
+    cells = cell_seconds(nb)
+    data = json.loads(path.read_text()) if path.is_file() else {"notebooks": {}}
+    data["notebooks"][Path(dest).stem] = {
+        "seconds": round(seconds, 1), "machine": machine(), "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(), "code_cells": len(cells),
+        "slowest": sorted(cells, key=lambda c: -c[1])[:4]}
+    data["notebooks"] = dict(sorted(data["notebooks"].items()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("notebooks", nargs="+", type=Path)
@@ -33,12 +79,16 @@ def main() -> int:
     g.add_argument("--out", type=Path, help="folder for executed copies")
     g.add_argument("--inplace", action="store_true", help="overwrite the notebooks with their outputs")
     p.add_argument("--timeout", type=int, default=900, help="seconds per cell")
+    p.add_argument("--timings", type=Path, help="JSON file to record each notebook's run time and slowest cells")
     args = p.parse_args()
     failed = 0
     for nb in args.notebooks:
         dest = nb if args.inplace else args.out / nb.name
         try:
-            print(f"{nb}: {run(nb, dest, args.timeout):.0f} s -> {dest}", flush=True)
+            seconds = run(nb, dest, args.timeout)
+            print(f"{nb}: {seconds:.0f} s -> {dest}", flush=True)
+            if args.timings:
+                record_timing(args.timings, dest, seconds)
         except nbclient.exceptions.CellExecutionError as e:
             failed += 1
             print(f"{nb}: FAILED (executed copy with the error: {dest})\n{str(e)[-2000:]}", file=sys.stderr)

@@ -259,16 +259,16 @@ def check_nccl(ctx: Context) -> Check:
     if skip:
         return skip
     if len(ctx.torch["gpus"]) < 2:
-        return Check("nccl", "SKIP", f"{len(ctx.torch['gpus'])} GPU visible: the two-GPU all-reduce is skipped")
+        return Check("nccl", "SKIP", "1 GPU visible: the all-reduce between GPUs is skipped")
     if not ctx.torch["nccl"]:
         return Check("nccl", "FAIL", "this torch has no NCCL", "a CUDA build of torch (make venv)")
-    ok, text = allreduce("nccl", 2, timeout=max(ctx.opts.timeout, 120))
+    ok, text = allreduce("nccl", len(ctx.torch["gpus"]), timeout=max(ctx.opts.timeout, 120))
     return Check("nccl", "PASS" if ok else "FAIL", text,
                  "" if ok else "NCCL_DEBUG=INFO python -m tutorial_lib doctor shows why; check NCCL_* variables")
 
 
 def allreduce(backend: str, nproc: int, timeout: float) -> tuple[bool, str]:
-    """A real all-reduce over `nproc` processes (nccl: one per GPU) in a subprocess; (ok, what it printed)."""
+    """A real all-reduce over `nproc` processes (nccl: one per visible GPU) in a subprocess: (ok, its line)."""
     code = f"from tutorial_lib.doctor import _allreduce_main; _allreduce_main({backend!r}, {nproc})"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     try:
@@ -297,6 +297,8 @@ def _allreduce_rank(rank: int, backend: str, nproc: int, port: int) -> None:
     import torch
     import torch.distributed as dist
 
+    if backend == "nccl":
+        torch.cuda.set_device(rank)  # else every rank's NCCL communicator starts on GPU 0
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=nproc,
                             timeout=datetime.timedelta(seconds=60))
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
