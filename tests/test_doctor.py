@@ -223,3 +223,17 @@ def test_instructor_guide_is_current_with_the_timings_and_reference_files():
     p = subprocess.run([sys.executable, "scripts/instructor_figures.py", "--check"], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_workshop_jobs_are_every_job_rendered_for_the_site_account_and_reservation(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import workshop_jobs
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    paths = workshop_jobs.render_all("generic", tmp_path, account="proj42", reservation="hpc_ws")
+    assert [p.name for p in paths] == sorted(p.name for p in jobs.JOBS_DIR.glob("*.sbatch"))
+    for path in paths:
+        text = path.read_text()
+        assert "#SBATCH --account=proj42" in text and "#SBATCH --reservation=hpc_ws" in text
+        assert jobs.rerender(path) == text  # its header's record makes the same file again

@@ -34,7 +34,7 @@ STATUSES = ("PASS", "WARN", "FAIL", "SKIP")
 LOCK = ROOT / "requirements.lock"
 MIN_DRIVER = {11: (450, 80), 12: (525, 60), 13: (580, 65)}  # CUDA major -> oldest Linux driver that runs it
 MARKS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "mnist": "MNIST/raw",
-         "imagefolder": "imagefolder"}  # what tutorial_lib.data.staged looks for, to test it is readable
+         "imagefolder": "imagefolder/manifest.json"}  # what tutorial_lib.data.staged looks for
 
 
 @dataclass
@@ -158,7 +158,8 @@ def check_python(ctx: Context) -> Check:
     note = f" (the lock was made with {made.group(1)})" if made else ""
     if sys.version_info < (3, 10):
         return Check("python", "FAIL", f"Python {version} is older than 3.10", "make PYTHON=python3.11 venv")
-    return Check("python", "PASS", f"Python {version} at {_shown(sys.executable)}{note}")
+    env = _shown(sys.prefix) if not os.path.isabs(_shown(sys.prefix)) else repr(Path(sys.prefix).name)
+    return Check("python", "PASS", f"Python {version} in the environment {env}{note}")
 
 
 def check_packages(ctx: Context) -> Check:
@@ -396,13 +397,14 @@ def check_datasets(ctx: Context) -> Check:
 
 
 def _readable(path: Path) -> bool:
-    """A staged dataset can be read: its folder lists and its first file opens."""
+    """A staged dataset can be read: its marker file, or the first file of its folder, opens."""
     try:
-        first = next((p for p in sorted(path.rglob("*")) if p.is_file()), None)
-        if first is not None:
-            with open(first, "rb") as f:
-                f.read(1)
-        return first is not None
+        first = path if path.is_file() else next((p for p in path.iterdir() if p.is_file()), None)
+        if first is None:
+            return False
+        with open(first, "rb") as f:
+            f.read(1)
+        return True
     except OSError:
         return False
 
