@@ -37,8 +37,8 @@ def timings_table() -> str:
     rows = ["| notebook | live time (its header) | CPU run, all cells | slowest cells on that CPU run |",
             "| --- | --- | --- | --- |"]
     for name in sorted(set(PLANNED) | {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}):
-        stated = next((m.group(1) for md in _markdown(name)[:1] for m in [re.search(r"\*\*Time:\*\* ([^\n]*)", md)]
-                       if m), None)
+        stated = next((m.group(1).rstrip(".") for md in _markdown(name)[:1]
+                       for m in [re.search(r"\*\*Time:\*\* ([^\n]*)", md)] if m), None)
         run = runs.get(name)
         if run is None:
             note = "not written yet" if not _markdown(name) else "no timed run yet"
@@ -70,11 +70,20 @@ def gpu_figures() -> str:
 
 
 def solutions() -> str:
-    rows = ["| notebook | collapsed blocks (`<details>`), in order |", "| --- | --- |"]
+    rows = ["| notebook | collapsed solutions (`<details>`) | questions | their answers |", "| --- | --- | --- | --- |"]
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        summaries = [s for md in _markdown(path.stem) for s in re.findall(r"<summary>(.*?)</summary>", md)]
-        if summaries:
-            rows.append(f"| {path.stem} | {len(summaries)}: {', '.join(summaries)} |")
+        text = "\n".join(_markdown(path.stem))
+        solved, answers = [], False
+        for before, summary in re.findall(r"((?:.*\n){0,40}?)[^\n]*<details><summary>(.*?)</summary>", text):
+            exercise = re.findall(r"^\*\*(\d+)\.\*\*", before, re.M)
+            answers |= "answer" in summary.lower()
+            if "answer" not in summary.lower():
+                solved.append(f"exercise {exercise[-1]}" if exercise else summary)
+        questions = re.search(r"^## Questions\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+        asked = questions.group(1).split("<details>")[0] if questions else ""  # not the answers' numbers
+        n_questions = len(re.findall(r"^\d+\. ", asked, re.M))
+        rows.append(f"| {path.stem} | {', '.join(solved) or 'none'} | {n_questions} | "
+                    f"{'collapsed below them' if answers else 'none written yet' if n_questions else '-'} |")
     return "\n".join(rows)
 
 
