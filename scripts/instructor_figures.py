@@ -46,8 +46,8 @@ def timings_table() -> str:
                         "`scripts/run_notebooks.py --timings docs/notebook_timings.json` | |")
             continue
         slow = "; ".join(f"cell {i} `{text}` {s:.0f} s" for i, s, text in run["slowest"][:3])
-        rows.append(f"| {name} | {stated or '-'} | {run['seconds']:.0f} s on {run['machine']}, torch "
-                    f"{run['torch']}, {run['date']} | {slow} |")
+        rows.append(f"| {name} | {stated or '-'} | {run['seconds']:.0f} s on {run['machine']} at load "
+                    f"{run['load']:g}, torch {run['torch']}, {run['date']} | {slow} |")
     return "\n".join(rows)
 
 

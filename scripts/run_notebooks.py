@@ -57,14 +57,15 @@ def machine() -> str:
     return f"CPU only ({len(os.sched_getaffinity(0))} cores, {platform.machine()})"
 
 
-def record_timing(path: Path, dest: Path, seconds: float) -> None:
+def record_timing(path: Path, dest: Path, seconds: float, load: float) -> None:
+    """Merge this notebook's run into the JSON file at `path` (load: the 1-minute load average during it)."""
     import torch
 
     nb = nbformat.read(dest, as_version=4)
     cells = cell_seconds(nb)
     data = json.loads(path.read_text()) if path.is_file() else {"notebooks": {}}
     data["notebooks"][Path(dest).stem] = {
-        "seconds": round(seconds, 1), "machine": machine(), "torch": torch.__version__,
+        "seconds": round(seconds, 1), "machine": machine(), "load": round(load, 1), "torch": torch.__version__,
         "date": datetime.date.today().isoformat(), "code_cells": len(cells),
         "slowest": sorted(cells, key=lambda c: -c[1])[:4]}
     data["notebooks"] = dict(sorted(data["notebooks"].items()))
@@ -85,10 +86,11 @@ def main() -> int:
     for nb in args.notebooks:
         dest = nb if args.inplace else args.out / nb.name
         try:
+            load = os.getloadavg()[0]
             seconds = run(nb, dest, args.timeout)
             print(f"{nb}: {seconds:.0f} s -> {dest}", flush=True)
-            if args.timings:
-                record_timing(args.timings, dest, seconds)
+            if args.timings:  # other work on the machine slows the run: keep the load beside the time
+                record_timing(args.timings, dest, seconds, (load + os.getloadavg()[0]) / 2)
         except nbclient.exceptions.CellExecutionError as e:
             failed += 1
             print(f"{nb}: FAILED (executed copy with the error: {dest})\n{str(e)[-2000:]}", file=sys.stderr)
