@@ -385,12 +385,12 @@ def check_datasets(ctx: Context) -> Check:
     have = [n for n, ok in found.items() if ok and n not in unreadable]
     where = f"{_shown(folder)}" + (" (a link to a shared folder)" if folder.is_symlink() else "")
     mode = "read-only" if folder.is_dir() and not os.access(folder, os.W_OK) else "writable"
-    text = (f"in {where}, {mode}: staged {', '.join(have) or 'none'}; shapes is generated in memory. "
-            "Site profiles name no shared copy: point data_dir (or a data -> link) at it")
+    text = (f"{where} ({mode}): {', '.join(have) or 'none'} staged, shapes generated in memory; for a shared "
+            "copy (site profiles name none) point data_dir, or a data -> link, at it")
     missing = [n for n in ctx.opts.need if n != "shapes" and not found.get(n)]
     if unreadable or missing:
         bad = [f"{n} unreadable" for n in unreadable] + [f"{n} missing" for n in missing]
-        return Check("datasets", "FAIL", f"{', '.join(bad)} {text}",
+        return Check("datasets", "FAIL", f"{', '.join(bad)}: {text}",
                      "on a login node with internet: make data (or python -m tutorial_lib data fetch "
                      + " ".join(missing or unreadable) + f" --data-dir {_shown(folder)})")
     return Check("datasets", "PASS", text)
@@ -426,7 +426,7 @@ def run(options: Options | None = None, show: bool = True, **values) -> Report:
             result = check(ctx)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             result = Check(check.__name__.removeprefix("check_"), "FAIL", f"the check itself failed: "
-                           f"{type(e).__name__}: {e}", "report it with the output of python -m tutorial_lib doctor --json")
+                           f"{type(e).__name__}: {e}", "report it with python -m tutorial_lib doctor --json")
         result.seconds = round(time.perf_counter() - t0, 2)
         checks.append(result)
     report = Report(checks)

@@ -77,11 +77,13 @@ class SiteFacts:
         if missing:
             return f"no Slurm commands here ({', '.join(missing)} missing)"
         code, out = run_command(["scontrol", "ping"], self.opts.timeout)
-        return None if code == 0 and "UP" in out else f"the Slurm controller does not answer ({(out.splitlines() or ['no output'])[-1][-120:]})"
+        if code == 0 and "UP" in out:
+            return None
+        return f"the Slurm controller does not answer ({(out.splitlines() or ['no output'])[-1][-120:]})"
 
     @cached_property
     def partitions(self) -> dict[str, str]:
-        """Partition -> time limit, the default one first with a '*'."""
+        """Partition -> its time limit, as sinfo prints them (the default partition's name ends in '*')."""
         code, out = run_command(["sinfo", "-h", "-o", "%P %l"], self.opts.timeout)
         return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2) if code == 0 else {}
 
@@ -161,8 +163,8 @@ def check_account(ctx: SiteFacts) -> Check:
         return Check("account", "PASS", "the profile names no account or QOS")
     if shutil.which("sacctmgr") is None:
         return Check("account", "SKIP", "no sacctmgr: sbatch --test-only below checks account and QOS")
-    code, out = run_command(["sacctmgr", "-n", "-P", "show", "assoc", f"user={getpass.getuser()}", "format=account,qos"],
-                     ctx.opts.timeout)
+    code, out = run_command(["sacctmgr", "-n", "-P", "show", "assoc", f"user={getpass.getuser()}",
+                             "format=account,qos"], ctx.opts.timeout)
     if code != 0 or not out:
         return Check("account", "SKIP", "sacctmgr does not answer (no accounting database): sbatch "
                      "--test-only below checks account and QOS")
@@ -231,8 +233,8 @@ def check_proxy(ctx: SiteFacts) -> Check:
     else:
         which = "this environment (no running Jupyter server found)"
     mod = ctx.opts.proxy_module
-    code, out = run_command([python, "-c", f"import importlib.util, sys; sys.exit(importlib.util.find_spec({mod!r}) "
-                      "is None)"], ctx.opts.timeout)
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({mod!r}) is None)"
+    code, _ = run_command([python, "-c", probe], ctx.opts.timeout)
     if code != 0:
         return Check("proxy", "FAIL", f"{mod} is not importable in {which} ({shown(python)}): TensorBoard links "
                      "will not open on JupyterHub", "pip install jupyter-server-proxy into the server's "
@@ -244,7 +246,7 @@ def check_tensorboard(ctx: SiteFacts) -> Check:
     server = ctx.server
     if server is None:
         return Check("tensorboard", "SKIP", "no running Jupyter server: the link through its proxy is checked "
-                     "when doctor runs from notebook 00 or beside `make lab`")
+                     "while one runs (notebook 00 opened in JupyterLab or on the hub, or beside `make lab`)")
     from .tensorboard import running
 
     boards = running()
