@@ -43,11 +43,12 @@ def timings_table() -> str:
         if run is None:
             note = "not written yet" if not _markdown(name) else "no timed run yet"
             rows.append(f"| {name} | {stated or '-'} | {note}: its author adds the row with "
-                        "`scripts/run_notebooks.py --timings docs/notebook_timings.json` | |")
+                        "`scripts/run_notebooks.py --stored --timings docs/notebook_timings.json` | |")
             continue
         slow = "; ".join(f"cell {i} `{text}` {s:.0f} s" for i, s, text in run["slowest"][:3])
-        rows.append(f"| {name} | {stated or '-'} | {run['seconds']:.0f} s on {run['machine']} at load "
-                    f"{run['load']:g}, torch {run['torch']}, {run['date']} | {slow} |")
+        how = (f"{run['machine']} at load {run['load']:g}, torch {run['torch']}" if run["load"] is not None
+               else run["machine"])
+        rows.append(f"| {name} | {stated or '-'} | {run['seconds']:.0f} s, {how}, {run['date']} | {slow} |")
     return "\n".join(rows)
 
 

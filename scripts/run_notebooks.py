@@ -7,7 +7,9 @@
 
 --timings records each notebook's run (seconds, its slowest cells, the machine) into a JSON file, merged
 with what it holds; scripts/instructor_figures.py turns docs/notebook_timings.json into the instructor's
-guide's timing plan.
+guide's timing plan. --stored records the run a notebook already holds (its committed CPU run) instead of
+executing it:
+    python scripts/run_notebooks.py --stored --timings docs/notebook_timings.json notebooks/*.ipynb
 """
 import argparse
 import datetime
@@ -57,16 +59,32 @@ def machine() -> str:
     return f"CPU only ({len(os.sched_getaffinity(0))} cores, {platform.machine()})"
 
 
-def record_timing(path: Path, dest: Path, seconds: float, load: float) -> None:
-    """Merge this notebook's run into the JSON file at `path` (load: the 1-minute load average during it)."""
-    import torch
+def stored_run(nb) -> tuple[float, str]:
+    """(seconds, date) of the run a notebook holds: from its first cell's start to its last cell's end."""
+    times = [cell.metadata.execution for cell in nb.cells if "execution" in cell.get("metadata", {})]
+    if not times or "iopub.execute_input" not in times[0] or "shell.execute_reply" not in times[-1]:
+        raise SystemExit("the notebook holds no timed run (execute it with this script first)")
+    start, end = (datetime.datetime.fromisoformat(t.replace("Z", "+00:00"))
+                  for t in (times[0]["iopub.execute_input"], times[-1]["shell.execute_reply"]))
+    return (end - start).total_seconds(), end.date().isoformat()
 
+
+def record_timing(path: Path, dest: Path, seconds: float | None = None, load: float | None = None) -> None:
+    """Merge a notebook's run into the JSON file at `path` (load: the 1-minute load average during it).
+    seconds=None: the run the notebook holds (its machine and load are not recorded in it)."""
     nb = nbformat.read(dest, as_version=4)
     cells = cell_seconds(nb)
+    if seconds is None:
+        seconds, date = stored_run(nb)
+        where, torch_version = "the committed CPU run", None
+    else:
+        import torch
+
+        date, where, torch_version = datetime.date.today().isoformat(), machine(), torch.__version__
     data = json.loads(path.read_text()) if path.is_file() else {"notebooks": {}}
     data["notebooks"][Path(dest).stem] = {
-        "seconds": round(seconds, 1), "machine": machine(), "load": round(load, 1), "torch": torch.__version__,
-        "date": datetime.date.today().isoformat(), "code_cells": len(cells),
+        "seconds": round(seconds, 1), "machine": where, "load": None if load is None else round(load, 1),
+        "torch": torch_version, "date": date, "code_cells": len(cells),
         "slowest": sorted(cells, key=lambda c: -c[1])[:4]}
     data["notebooks"] = dict(sorted(data["notebooks"].items()))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,9 +97,16 @@ def main() -> int:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--out", type=Path, help="folder for executed copies")
     g.add_argument("--inplace", action="store_true", help="overwrite the notebooks with their outputs")
+    g.add_argument("--stored", action="store_true", help="execute nothing: record the runs the notebooks hold")
     p.add_argument("--timeout", type=int, default=900, help="seconds per cell")
     p.add_argument("--timings", type=Path, help="JSON file to record each notebook's run time and slowest cells")
     args = p.parse_args()
+    if args.stored:
+        if not args.timings:
+            p.error("--stored records timings: give --timings FILE")
+        for nb in args.notebooks:
+            record_timing(args.timings, nb)
+        return 0
     failed = 0
     for nb in args.notebooks:
         dest = nb if args.inplace else args.out / nb.name
@@ -91,7 +116,8 @@ def main() -> int:
             print(f"{nb}: {seconds:.0f} s -> {dest}", flush=True)
             if args.timings:  # other work on the machine slows the run: keep the load beside the time
                 record_timing(args.timings, dest, seconds, (load + os.getloadavg()[0]) / 2)
-        except nbclient.exceptions.CellExecutionError as e:
+        except (nbclient.exceptions.CellExecutionError, nbclient.exceptions.CellTimeoutError,
+                nbclient.exceptions.DeadKernelError) as e:
             failed += 1
             print(f"{nb}: FAILED (executed copy with the error: {dest})\n{str(e)[-2000:]}", file=sys.stderr)
     return 1 if failed else 0
