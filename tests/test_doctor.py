@@ -237,3 +237,13 @@ def test_workshop_jobs_are_every_job_rendered_for_the_site_account_and_reservati
         text = path.read_text()
         assert "#SBATCH --account=proj42" in text and "#SBATCH --reservation=hpc_ws" in text
         assert jobs.rerender(path) == text  # its header's record makes the same file again
+
+
+def test_stored_timings_of_a_committed_notebook_feed_the_timing_plan(tmp_path):
+    p = subprocess.run([sys.executable, "scripts/run_notebooks.py", "--stored", "--timings", str(tmp_path / "t.json"),
+                        "notebooks/00_setup.ipynb"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    run = json.loads((tmp_path / "t.json").read_text())["notebooks"]["00_setup"]
+    assert run["seconds"] > 0 and run["machine"] == "the committed CPU run" and run["load"] is None
+    assert run["code_cells"] >= 10 and len(run["slowest"]) == 4
+    assert run["slowest"][0][1] >= run["slowest"][-1][1]  # slowest first
