@@ -6,12 +6,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8888
 
-.PHONY: help venv kernel lab workbook test data slurm-up slurm-down clean
+.PHONY: help venv kernel lab workbook handout doctor test data slurm-up slurm-down clean
 
 help:
 	@echo "make lab       set up the venv, register the kernel, start JupyterLab on 127.0.0.1"
 	@echo "make test      set up the venv, then every test (unit, notebooks, Slurm when root)"
 	@echo "make workbook  execute every notebook headless into build/notebooks"
+	@echo "make handout   make workbook, then the executed notebooks as HTML in build/handout (+ .tar.gz)"
+	@echo "make doctor    the workshop pre-flight check of this machine (python -m tutorial_lib doctor)"
 	@echo "make data      stage cifar10, cifar100, mnist (needs internet: a login node) and imagefolder"
 	@echo "make slurm-up / slurm-down   the local test cluster (root)"
 
@@ -36,7 +38,17 @@ lab: venv kernel
 		--ServerApp.root_dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 workbook: venv
-	$(BIN)/python scripts/run_notebooks.py --out build/notebooks notebooks/*.ipynb
+	$(BIN)/python scripts/run_notebooks.py --out build/notebooks --timings build/notebook_timings.json \
+		notebooks/*.ipynb
+
+# The executed copies as HTML (solutions stay collapsed), to hand out after the workshop.
+handout: workbook
+	$(BIN)/jupyter nbconvert --to html --output-dir build/handout build/notebooks/*.ipynb
+	tar -czf build/handout.tar.gz -C build handout
+	@echo "handout: build/handout/*.html and build/handout.tar.gz"
+
+doctor: venv
+	$(BIN)/python -m tutorial_lib doctor
 
 # Slurm tests need the local cluster, which needs root; otherwise they are skipped with the reason.
 test: venv

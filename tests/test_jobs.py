@@ -341,3 +341,11 @@ def test_scontrol_records_and_array_state(monkeypatch):
 def cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "tutorial_lib", *args], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_reservation_is_a_directive_and_rejects_shell_words():
+    text = jobs.render("ws", TrainConfig(steps=5), site="local", reservation="workshop_1126")
+    assert "#SBATCH --reservation=workshop_1126" in text
+    assert "--reservation workshop_1126" in text  # the render command in the header makes the same file
+    with pytest.raises(UserError, match=r"reservation='ws; rm -rf \.': only letters.*scontrol show reservation"):
+        jobs.render("ws", TrainConfig(steps=5), site="local", reservation="ws; rm -rf .")

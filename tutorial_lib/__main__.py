@@ -1,4 +1,4 @@
-"""The whole command line: python -m tutorial_lib {train,bench,data,jobs} ...
+"""The whole command line: python -m tutorial_lib {train,bench,data,jobs,doctor} ...
 
     python -m tutorial_lib train dataset=shapes model=resnet18 steps=40 batch_size=32 out_dir=runs/demo
     python -m tutorial_lib train --config configs/baseline.yaml precision=bf16
@@ -7,6 +7,7 @@
     python -m tutorial_lib data fetch cifar10                           # on a login node with internet
     python -m tutorial_lib jobs render --site generic --name demo steps=100
     python -m tutorial_lib jobs submit jobs/demo.sbatch --wait
+    python -m tutorial_lib doctor                                       # the workshop pre-flight
 
 Each subcommand is one function below; each imports the module that does the work, so "go to definition"
 from here lands in the right file. Bad input ends in one line, `error: ...`, and exit code 2.
@@ -240,8 +241,16 @@ def _jobs_check(args) -> int:
     return 1 if bad else 0
 
 
+# ---------------------------------------------------------------------------------------------- doctor
+def doctor(argv: list[str]) -> int:
+    """`doctor`: the workshop pre-flight (tutorial_lib/doctor.py)."""
+    from . import doctor as doctor_module
+
+    return doctor_module.cli(argv)
+
+
 # ---------------------------------------------------------------------------------------------- main
-COMMANDS = {"train": train, "bench": bench, "data": data, "jobs": jobs}
+COMMANDS = {"train": train, "bench": bench, "data": data, "jobs": jobs, "doctor": doctor}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,6 +52,7 @@ class Resources:
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
+    reservation: str | None = None  # e.g. a workshop's reservation (`scontrol show reservation` lists them)
     job_name: str | None = None  # default: the file's name
     array: str | None = None  # e.g. 0-7%2; a sweep sets it
     output: str | None = None  # default: jobs/logs/%x-%j.out (%x-%A_%a.out for arrays)
@@ -363,6 +364,10 @@ def directives(r: Resources, site: Site, n_points: int) -> list[str]:
     rows += [(f"--account={r.account}", "the project charged for the hours")] if r.account else []
     rows += [(f"--qos={r.qos}", "quality of service: priority and limits")] if r.qos else []
     rows += [(f"--constraint={r.constraint}", "node features this job needs")] if r.constraint else []
+    if r.reservation is not None:
+        _check_pattern("reservation", r.reservation, _WORD, "letters, digits, '_', '.', '-'",
+                       "`scontrol show reservation` lists the reservations of your cluster")
+        rows.append((f"--reservation={r.reservation}", "nodes set aside for this group (e.g. a workshop)"))
     rows += [(f"--nodes={r.nodes}", ""), (f"--ntasks-per-node={tasks}", task_note)]
     rows += _gpu_rows(r, site)
     rows.append((f"--cpus-per-task={r.cpus_per_task}", "for each task: its processes and DataLoader workers"))

@@ -1,0 +1,465 @@
+"""Pre-flight check of a workshop machine: one line per check, PASS / WARN / FAIL / SKIP, each with its fix.
+
+    python -m tutorial_lib doctor                      # the table; exit code 1 when any check FAILs
+    python -m tutorial_lib doctor --json               # one JSON object, to collect from many nodes
+    python -m tutorial_lib doctor --site mysite --account proj --reservation workshop --need cifar10
+    tl.doctor.run()                                    # the same table from a notebook cell (notebook 00)
+
+Every check is bounded in time (each external command has a timeout; the torch facts come from a
+subprocess) and none needs the internet. Without a GPU or Slurm the checks that need them say SKIP and
+what they would have checked. What a check compares against can be given (Options): the site profile,
+the datasets the workshop needs, the /dev/shm path and its minimum, the disk minimums, the proxy module and
+the Python of the Jupyter server, so a test can inject a fault without patching anything.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from . import jobs
+from .sitecheck import SITE_CHECKS, Check, SiteFacts, shown as _shown
+from .sitecheck import run_command as _run
+
+ROOT = Path(__file__).resolve().parents[1]
+STATUSES = ("PASS", "WARN", "FAIL", "SKIP")
+LOCK = ROOT / "requirements.lock"
+MIN_DRIVER = {11: (450, 80), 12: (525, 60), 13: (580, 65)}  # CUDA major -> oldest Linux driver that runs it
+MARKS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "mnist": "MNIST/raw",
+         "imagefolder": "imagefolder/manifest.json"}  # what tutorial_lib.data.staged looks for
+
+
+@dataclass
+class Options:
+    """What the checks compare against; every default is what a workshop machine should offer."""
+    site: str | None = None  # a site profile name or YAML path; None: jobs.default_site()
+    account: str | None = None  # the workshop's project account (else the site profile's)
+    reservation: str | None = None  # the workshop's Slurm reservation
+    data_dir: str = "data"  # where datasets are staged (TrainConfig.data_dir)
+    need: tuple[str, ...] = ()  # datasets the workshop needs staged (the notebooks need none: shapes)
+    shm_path: str = "/dev/shm"
+    shm_min_mib: int = 512  # below this DataLoader workers die with "Bus error" (Docker gives 64 MiB)
+    min_free_gib: float = 5.0  # where runs/ and data/ are written
+    min_free_inodes: int = 100_000  # the imagefolder set alone is 60,000 files
+    kernel: str = "hpc-workbook"  # the kernel `make kernel` registers
+    proxy_module: str = "jupyter_server_proxy"
+    server_python: str | None = None  # the Python of the Jupyter server; None: found from the running server
+    timeout: float = 30.0  # seconds for each external command
+
+
+@dataclass
+class Report:
+    checks: list[Check]
+    host: str = field(default_factory=socket.gethostname)
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.status == "FAIL" for c in self.checks)
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(c.status == s for c in self.checks) for s in STATUSES}
+
+    def table(self) -> str:
+        width = max(len(c.name) for c in self.checks)
+        lines = []
+        for c in self.checks:
+            lines.append(f"{c.status}  {c.name:<{width}}  {c.message}")
+            if c.fix and c.status != "PASS":
+                lines.append(f"{'':4}  {'':<{width}}  fix: {c.fix}")
+        counts = ", ".join(f"{n} {s}" for s, n in self.counts().items() if n)
+        lines.append(f"{counts}: {'ready' if self.ok else 'NOT ready (fix the FAIL lines)'}")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps({"host": self.host, "ok": self.ok, "counts": self.counts(),
+                           "checks": [asdict(c) for c in self.checks]}, indent=1)
+
+
+# ---------------------------------------------------------------------------------------- helpers
+def _existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def _worker_rule():
+    """The workbook's DataLoader worker rule, from its one home."""
+    from .config import default_workers, usable_cpus
+
+    return usable_cpus, default_workers
+
+
+TORCH_PROBE = r"""
+import json, sys
+out = {}
+try:
+    import torch
+    out.update(torch=torch.__version__, cuda=torch.version.cuda, available=torch.cuda.is_available())
+    n = torch.cuda.device_count() if out["available"] else 0
+    out["gpus"] = [[torch.cuda.get_device_name(i), torch.cuda.get_device_properties(i).total_memory / 2**30]
+                   for i in range(n)]
+    out["bf16"] = bool(n and torch.cuda.is_bf16_supported())
+    out["nccl"] = bool(torch.distributed.is_available() and torch.distributed.is_nccl_available())
+    import torchvision
+    out["torchvision"] = torchvision.__version__
+except Exception as e:
+    out["error"] = f"{type(e).__name__}: {e}"
+print(json.dumps(out))
+"""
+
+
+class Context(SiteFacts):
+    """Facts several checks share (the cluster's come from SiteFacts), each found once when asked for."""
+
+    @cached_property
+    def torch(self) -> dict:
+        code, out = _run([sys.executable, "-c", TORCH_PROBE], timeout=max(self.opts.timeout, 120))
+        try:
+            facts = json.loads(out.splitlines()[-1]) if out else {}
+        except ValueError:
+            facts = {}
+        if code != 0 or not facts:
+            facts.setdefault("error", out.splitlines()[-1] if out else "the torch probe printed nothing")
+        facts["stderr"] = "\n".join(out.splitlines()[:-1])
+        return facts
+
+    @cached_property
+    def smi(self) -> dict | None:
+        """nvidia-smi's view: GPUs, driver, MIG slices; None without nvidia-smi."""
+        if shutil.which("nvidia-smi") is None:
+            return None
+        code, out = _run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                          "--format=csv,noheader,nounits"], self.opts.timeout)
+        if code != 0:
+            return {"error": out.splitlines()[-1] if out else "nvidia-smi failed", "gpus": [], "driver": None}
+        rows = [[x.strip() for x in line.split(",")] for line in out.splitlines() if line.count(",") == 2]
+        _, listing = _run(["nvidia-smi", "-L"], self.opts.timeout)
+        mig = re.findall(r"MIG (\S+)\s+Device", listing)
+        return {"gpus": [(r[0], float(r[1]) / 1024) for r in rows], "driver": rows[0][2] if rows else None,
+                "mig": mig}
+
+
+# ---------------------------------------------------------------------------------------- environment
+def check_python(ctx: Context) -> Check:
+    version = ".".join(map(str, sys.version_info[:3]))
+    made = re.search(r"Python (\d+\.\d+)", LOCK.read_text()) if LOCK.is_file() else None
+    note = f" (the lock was made with {made.group(1)})" if made else ""
+    if sys.version_info < (3, 10):
+        return Check("python", "FAIL", f"Python {version} is older than 3.10", "make PYTHON=python3.11 venv")
+    env = _shown(sys.prefix) if not os.path.isabs(_shown(sys.prefix)) else repr(Path(sys.prefix).name)
+    return Check("python", "PASS", f"Python {version} in the environment {env}{note}")
+
+
+def check_packages(ctx: Context) -> Check:
+    from importlib import metadata
+
+    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+    have = {norm(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
+    pinned = dict(line.split("==", 1) for line in LOCK.read_text().splitlines() if "==" in line)
+    core = {"torch", "torchvision", "tensorboard", "numpy", "pyyaml", "jinja2", "matplotlib", "pillow", "tqdm"}
+    missing = [n for n in pinned if norm(n) not in have]
+    differ = [f"{n} {have[norm(n)]} (lock {v})" for n, v in pinned.items() if norm(n) in have and have[norm(n)] != v]
+    if [n for n in missing if norm(n) in core]:
+        return Check("packages", "FAIL", f"missing: {', '.join(n for n in missing if norm(n) in core)}",
+                     "make venv (installs requirements.lock), or pip install -r requirements.lock")
+    if missing or differ:
+        shown = (["missing " + ", ".join(missing[:4])] if missing else []) + differ[:4]
+        more = len(missing) + len(differ) - min(len(missing), 4) - len(differ[:4])
+        return Check("packages", "WARN", f"{len(missing)} missing, {len(differ)} differ from requirements.lock: "
+                     + "; ".join(shown) + (f"; {more} more" if more > 0 else ""),
+                     "make venv for the tested versions (a site's own torch >= 2.4 also works)")
+    return Check("packages", "PASS", f"all {len(pinned)} packages match requirements.lock")
+
+
+def check_kernel(ctx: Context) -> Check:
+    name, fix = ctx.opts.kernel, "make kernel (registers this environment as the kernel)"
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+    except ImportError:
+        return Check("kernel", "WARN", "jupyter_client is not installed: no kernel here", fix)
+    try:
+        spec = KernelSpecManager().get_kernel_spec(name)
+    except NoSuchKernel:
+        return Check("kernel", "WARN", f"no kernel {name!r} registered: learners would pick another Python", fix)
+    code, prefix = _run([spec.argv[0], "-c", "import sys; print(sys.prefix)"], ctx.opts.timeout)
+    if code != 0:
+        return Check("kernel", "FAIL", f"kernel {name!r} runs {_shown(spec.argv[0])}, which does not start", fix)
+    if os.path.realpath(prefix.splitlines()[-1]) != os.path.realpath(sys.prefix):
+        return Check("kernel", "FAIL", f"kernel {name!r} runs the Python of {_shown(prefix.splitlines()[-1])}, "
+                     f"not this environment ({_shown(sys.prefix)})", fix)
+    return Check("kernel", "PASS", f"kernel {name!r} ({spec.display_name}) runs this environment's Python")
+
+
+# ---------------------------------------------------------------------------------------- GPUs
+def _gpu_skip(ctx: Context, name: str, what: str) -> Check | None:
+    if "error" in ctx.torch:
+        return Check(name, "SKIP", f"{what}: skipped, torch does not import")
+    if not ctx.torch["gpus"] and not (ctx.smi and ctx.smi["gpus"]):
+        return Check(name, "SKIP", f"{what}: skipped, no GPU visible")
+    return None
+
+
+def check_gpus(ctx: Context) -> Check:
+    t, smi = ctx.torch, ctx.smi
+    if "error" in t:
+        return Check("gpus", "FAIL", f"torch does not import: {t['error']}", "make venv")
+    if not t["gpus"] and not (smi and smi["gpus"]):
+        return Check("gpus", "WARN", "no GPU visible (" + ("no nvidia-smi" if smi is None else "nvidia-smi lists "
+                     "none") + f", torch {t['torch']} sees none): notebooks run with small sizes on the CPU; the "
+                     "driver, bf16 and NCCL checks are skipped", "run on a GPU node for full sizes")
+    if not t["gpus"]:
+        return Check("gpus", "FAIL", f"nvidia-smi lists {len(smi['gpus'])} GPU(s) but torch sees none",
+                     "see the driver line; check CUDA_VISIBLE_DEVICES")
+    names = sorted({n for n, _ in t["gpus"]})
+    memory = ", ".join(f"{m:.1f} GiB" for m in sorted({round(m, 1) for _, m in t["gpus"]}))
+    mig = f"; MIG slices: {', '.join(smi['mig'])}" if smi and smi.get("mig") else ""
+    return Check("gpus", "PASS", f"{len(t['gpus'])} GPU(s): {', '.join(names)}, {memory} each{mig}")
+
+
+def check_driver(ctx: Context) -> Check:
+    skip = _gpu_skip(ctx, "driver", "driver vs torch's CUDA")
+    if skip:
+        return skip
+    t, smi = ctx.torch, ctx.smi
+    driver = smi.get("driver") if smi else None
+    if t["cuda"] is None:
+        return Check("driver", "FAIL", f"torch {t['torch']} is a CPU-only build", "make venv (the lock's CUDA torch)")
+    need = MIN_DRIVER.get(int(t["cuda"].split(".")[0]))
+    too_old = driver and need and _version_tuple(driver)[:2] < need
+    if not t["available"] or too_old:
+        why = f"driver {driver} is older than {need[0]}.{need[1]}" if too_old else "CUDA does not initialise"
+        return Check("driver", "FAIL", f"torch {t['torch']} (CUDA {t['cuda']}) cannot use the GPUs: {why}",
+                     "a newer NVIDIA driver on the node, or a torch built for an older CUDA")
+    return Check("driver", "PASS", f"driver {driver or 'unknown (no nvidia-smi)'} runs torch's CUDA {t['cuda']}")
+
+
+def check_bf16(ctx: Context) -> Check:
+    skip = _gpu_skip(ctx, "bf16", "bf16 support (notebook 04)")
+    if skip:
+        return skip
+    if ctx.torch["bf16"]:
+        return Check("bf16", "PASS", "bf16 supported (notebook 04's bf16 runs use it)")
+    return Check("bf16", "WARN", "this GPU has no bf16: notebook 04's bf16 cells fall back slowly",
+                 "use precision=fp16 on this GPU (Volta, Turing)")
+
+
+def check_nccl(ctx: Context) -> Check:
+    skip = _gpu_skip(ctx, "nccl", "NCCL all-reduce (notebooks 05, 06)")
+    if skip:
+        return skip
+    if len(ctx.torch["gpus"]) < 2:
+        return Check("nccl", "SKIP", "1 GPU visible: the all-reduce between GPUs is skipped")
+    if not ctx.torch["nccl"]:
+        return Check("nccl", "FAIL", "this torch has no NCCL", "a CUDA build of torch (make venv)")
+    ok, text = allreduce("nccl", len(ctx.torch["gpus"]), timeout=max(ctx.opts.timeout, 120))
+    return Check("nccl", "PASS" if ok else "FAIL", text,
+                 "" if ok else "NCCL_DEBUG=INFO python -m tutorial_lib doctor shows why; check NCCL_* variables")
+
+
+def allreduce(backend: str, nproc: int, timeout: float) -> tuple[bool, str]:
+    """A real all-reduce over `nproc` processes (nccl: one per visible GPU) in a subprocess: (ok, its line)."""
+    code = f"from tutorial_lib.doctor import _allreduce_main; _allreduce_main({backend!r}, {nproc})"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env,
+                           cwd=ROOT, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return False, f"{backend} all-reduce over {nproc} processes did not finish within {timeout:.0f} s"
+    lines = (p.stdout + p.stderr).strip().splitlines()
+    ok = p.returncode == 0 and bool(lines) and lines[-1].startswith("all-reduce")
+    return ok, lines[-1] if lines else f"exit code {p.returncode}, no output"
+
+
+def _allreduce_main(backend: str, nproc: int) -> None:
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_allreduce_rank, args=(backend, nproc, port), nprocs=nproc)
+
+
+def _allreduce_rank(rank: int, backend: str, nproc: int, port: int) -> None:
+    import datetime
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        torch.cuda.set_device(rank)  # else every rank's NCCL communicator starts on GPU 0
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=nproc,
+                            timeout=datetime.timedelta(seconds=60))
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    x = torch.full((1,), float(rank + 1), device=device)
+    dist.all_reduce(x)
+    big = torch.ones((64 if backend == "nccl" else 1) * 2**18, device=device)  # 64 MiB (nccl) or 1 MiB of fp32
+    dist.all_reduce(big)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        dist.all_reduce(big)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = (time.perf_counter() - t0) / 5
+    expected = nproc * (nproc + 1) / 2
+    if rank == 0:
+        if x.item() != expected:
+            raise SystemExit(f"wrong all-reduce result {x.item()} (expected {expected})")
+        gbs = big.numel() * 4 / seconds / 1e9
+        print(f"all-reduce over {nproc} {backend} ranks correct; {big.numel() * 4 / 2**20:.0f} MiB in "
+              f"{seconds * 1e3:.2f} ms ({gbs:.1f} GB/s algorithm bandwidth, on {device.type})", flush=True)
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------- CPUs, memory, disks
+def check_cpus(ctx: Context) -> Check:
+    cpus_per_task, default_workers = _worker_rule()
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK")
+    usable, workers = cpus_per_task(), default_workers()
+    text = (f"{usable} usable CPUs (affinity {affinity} of {os.cpu_count()} on the node, SLURM_CPUS_PER_TASK "
+            f"{slurm or 'unset'}): the worker rule gives {workers} DataLoader worker(s)")
+    if slurm and int(slurm) > affinity:
+        return Check("cpus", "WARN", text + f", but this process may run on only {affinity}",
+                     "srun --cpus-per-task or the hub's CPU limit: give the process the CPUs Slurm granted")
+    want = ctx.site.cpus_per_gpu
+    if usable < want:
+        return Check("cpus", "WARN", text + f"; site {ctx.site.name!r} gives a job {want} per GPU",
+                     f"a JupyterHub server or job with >= {want} CPUs shows the DataLoader lessons' effect")
+    return Check("cpus", "PASS", text)
+
+
+def check_shm(ctx: Context) -> Check:
+    path, need = ctx.opts.shm_path, ctx.opts.shm_min_mib
+    if not os.path.isdir(path):
+        return Check("shm", "WARN", f"no {path}: DataLoader workers share batches through files instead",
+                     "num_workers=0 if workers fail")
+    st = os.statvfs(path)
+    size, free = st.f_blocks * st.f_frsize / 2**20, st.f_bavail * st.f_frsize / 2**20
+    text = f"{path}: {size:,.0f} MiB, {free:,.0f} MiB free (DataLoader workers need >= {need:,} MiB)"
+    if size < need:
+        return Check("shm", "FAIL", text, "give the container more shared memory (docker --shm-size=8g, "
+                     "the hub's shm limit), or num_workers=0")
+    if free < need:
+        return Check("shm", "WARN", text, f"free {path}: stale files of crashed runs (ls -la {path})")
+    return Check("shm", "PASS", text)
+
+
+def check_disk(ctx: Context) -> Check:
+    parts, status, fixes = [], "PASS", []
+    for label, path in (("runs", ROOT / "runs"), ("data", Path(ctx.opts.data_dir))):
+        here = _existing(Path(os.path.abspath(path)))
+        st = os.statvfs(here)
+        gib, inodes = st.f_bavail * st.f_frsize / 2**30, st.f_favail
+        inode_text = f"{inodes:,} inodes" if st.f_files else "no inode limit"
+        parts.append(f"{_shown(path)}: {gib:,.1f} GiB, {inode_text} free")
+        if label == "runs" and not os.access(here, os.W_OK):
+            status, fixes = "FAIL", fixes + [f"{_shown(here)} is not writable: clone the workbook where you can write"]
+        if gib < ctx.opts.min_free_gib or (st.f_files and inodes < ctx.opts.min_free_inodes):
+            status = "FAIL"
+            fixes.append(f"free space at {_shown(path)} (needs {ctx.opts.min_free_gib:g} GiB and "
+                         f"{ctx.opts.min_free_inodes:,} inodes), or put it on another file system")
+    return Check("disk", status, "; ".join(parts), "; ".join(fixes))
+
+
+def check_datasets(ctx: Context) -> Check:
+    from .data import staged
+
+    folder = Path(ctx.opts.data_dir)
+    found = staged(str(folder))
+    unreadable = [n for n, ok in found.items() if ok and not _readable(folder / MARKS[n])]
+    have = [n for n, ok in found.items() if ok and n not in unreadable]
+    where = f"{_shown(folder)}" + (" (a link to a shared folder)" if folder.is_symlink() else "")
+    mode = "read-only" if folder.is_dir() and not os.access(folder, os.W_OK) else "writable"
+    text = (f"{where} ({mode}): {', '.join(have) or 'none'} staged, shapes generated in memory; for a shared "
+            "copy (site profiles name none) point data_dir, or a data -> link, at it")
+    missing = [n for n in ctx.opts.need if n != "shapes" and not found.get(n)]
+    if unreadable or missing:
+        bad = [f"{n} unreadable" for n in unreadable] + [f"{n} missing" for n in missing]
+        return Check("datasets", "FAIL", f"{', '.join(bad)}: {text}",
+                     "on a login node with internet: make data (or python -m tutorial_lib data fetch "
+                     + " ".join(missing or unreadable) + f" --data-dir {_shown(folder)})")
+    return Check("datasets", "PASS", text)
+
+
+def _readable(path: Path) -> bool:
+    """A staged dataset can be read: its marker file, or the first file of its folder, opens."""
+    try:
+        first = path if path.is_file() else next((p for p in path.iterdir() if p.is_file()), None)
+        if first is None:
+            return False
+        with open(first, "rb") as f:
+            f.read(1)
+        return True
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------- running them
+CHECKS = (check_python, check_packages, check_kernel, check_gpus, check_driver, check_bf16, check_nccl,
+          check_cpus, check_shm, check_disk, check_datasets, *SITE_CHECKS)
+
+
+def run(options: Options | None = None, show: bool = True, **values) -> Report:
+    """Every check; prints the table (show=False: don't). Options fields may be given as keywords."""
+    opts = options or Options(**values)
+    ctx = Context(opts)
+    ctx.site  # a bad --site is the user's error, not a failed check  # noqa: B018
+    checks = []
+    for check in CHECKS:
+        t0 = time.perf_counter()
+        try:
+            result = check(ctx)
+        except (OSError, ValueError, subprocess.SubprocessError) as e:
+            result = Check(check.__name__.removeprefix("check_"), "FAIL", f"the check itself failed: "
+                           f"{type(e).__name__}: {e}", "report it with python -m tutorial_lib doctor --json")
+        result.seconds = round(time.perf_counter() - t0, 2)
+        checks.append(result)
+    report = Report(checks)
+    if show:
+        print(report.table())
+    return report
+
+
+def cli(argv: list[str]) -> int:
+    """`python -m tutorial_lib doctor [--json] [--site NAME] ...`: 0 when nothing FAILs, else 1."""
+    import argparse
+
+    d = Options()
+    p = argparse.ArgumentParser(prog="python -m tutorial_lib doctor", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true", help="one JSON object with every check (for a site admin)")
+    p.add_argument("--site", help=f"site profile name or YAML file (default: {jobs.default_site()})")
+    p.add_argument("--account", help="the workshop's project account (default: the site profile's)")
+    p.add_argument("--reservation", help="the workshop's Slurm reservation, checked with sbatch --test-only")
+    p.add_argument("--data-dir", default=d.data_dir, help="where datasets are staged (default: %(default)s)")
+    p.add_argument("--need", action="append", default=[], choices=sorted(MARKS),
+                   help="a dataset the workshop needs staged (repeat)")
+    p.add_argument("--shm-path", default=d.shm_path, help="shared memory of DataLoader workers (%(default)s)")
+    p.add_argument("--shm-min-mib", type=int, default=d.shm_min_mib, help="its minimum size (%(default)s MiB)")
+    p.add_argument("--min-free-gib", type=float, default=d.min_free_gib, help="free space (%(default)s GiB)")
+    p.add_argument("--min-free-inodes", type=int, default=d.min_free_inodes, help="free inodes (%(default)s)")
+    p.add_argument("--kernel", default=d.kernel, help="the notebook kernel's name (%(default)s)")
+    p.add_argument("--proxy-module", default=d.proxy_module, help="the proxy's module (%(default)s)")
+    p.add_argument("--server-python", help="the Python of the Jupyter server (default: found from the server)")
+    p.add_argument("--timeout", type=float, default=d.timeout, help="seconds per command (%(default)s)")
+    args = vars(p.parse_args(argv))
+    as_json = args.pop("json")
+    args["need"] = tuple(args["need"])
+    report = run(Options(**args), show=not as_json)
+    if as_json:
+        print(report.to_json())
+    return 0 if report.ok else 1
