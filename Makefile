@@ -39,9 +39,11 @@ workbook: venv
 	$(BIN)/python scripts/run_notebooks.py --out build/notebooks notebooks/*.ipynb
 
 # Slurm tests need the local cluster, which needs root; otherwise they are skipped with the reason.
+# The browser test needs Debian's chromium + chromium-driver: installed here as root, else it is skipped.
 test: venv
 	@if [ "$$(id -u)" = 0 ]; then bash scripts/slurm/local-cluster.sh up; \
 	else echo "not root: the local Slurm cluster is not started and the Slurm tests will be skipped"; fi
+	@bash scripts/install-browser.sh
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest --nbval-lax --nbval-current-env tests notebooks
 
 data: venv
