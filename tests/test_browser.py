@@ -10,6 +10,8 @@ Needs Debian's chromium + chromium-driver (`bash scripts/install-browser.sh` as 
 selenium (the test extra).
 """
 import contextlib
+import ctypes
+import importlib.util
 import io
 import json
 import os
@@ -27,26 +29,31 @@ import pytest
 
 from conftest import ROOT, tiny
 
-pytestmark = pytest.mark.browser
-
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+MISSING = [name for name, found in (("chromium", CHROMIUM), ("chromedriver", CHROMEDRIVER),
+                                    ("selenium (pip install -e '.[test]')", importlib.util.find_spec("selenium")))
+           if not found]
+if MISSING:  # one line for the whole module
+    pytest.skip(f"browser test: no {' and no '.join(MISSING)}; as root, `bash scripts/install-browser.sh` installs "
+                "Debian's chromium + chromium-driver (make test does)", allow_module_level=True)
+pytestmark = pytest.mark.browser
 SHOTS = ROOT / "build" / "browser"
 NOTEBOOK = ROOT / "notebooks" / "00_setup.ipynb"
 RUN = ROOT / "runs" / "test_browser"  # below the runs/ folder that notebook 00's TensorBoard serves
+BASE_URLS = ("/", "/user/alice/")  # make lab's, and a JupyterHub's (ServerApp.base_url=/user/<name>/)
 WAIT = 90  # seconds for anything the browser waits for: a kernel start with torch's import on a busy 2-core CPU
+
+
+def stops_with_pytest():
+    """preexec_fn: SIGTERM to the child when this test process dies, also without its teardown (Linux)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 @pytest.fixture(scope="module")
 def browser():
-    missing = [name for name, path in (("chromium", CHROMIUM), ("chromedriver", CHROMEDRIVER)) if not path]
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        missing.append("selenium (pip install -e '.[test]')")
-    if missing:
-        pytest.skip(f"browser test: no {', '.join(missing)}; as root `bash scripts/install-browser.sh` "
-                    "installs Debian's chromium + chromium-driver (make test does)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000",
@@ -61,17 +68,43 @@ def browser():
     driver.quit()
 
 
+class TinyRun:
+    """A few CPU steps with TensorBoard scalars and a profiler trace, where notebook 00's TensorBoard looks.
+
+    It trains in the background (`python -m tutorial_lib train ...`) while JupyterLab and the browser start."""
+
+    def __init__(self):
+        shutil.rmtree(RUN, ignore_errors=True)
+        self.cfg = tiny(RUN, steps=6, log_every=2, batch_size=8, eval=False, tensorboard=True, profile=True,
+                        profile_wait=1, profile_warmup=1, profile_active=2)
+        self.log = SHOTS / "tiny_run.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "tutorial_lib", "train", *self.cfg.to_overrides()],
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=stops_with_pytest)
+
+    def wait(self):
+        try:
+            code = self.proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            code = "timeout (240 s)"
+        assert code == 0, f"the tiny run failed ({code}); {self.log} ends with:\n{self.log.read_text()[-1500:]}"
+        return self.cfg
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        shutil.rmtree(RUN, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def tiny_run():
-    """A few CPU steps with TensorBoard scalars and a profiler trace, where notebook 00's TensorBoard looks."""
-    import tutorial_lib as tl
-
-    shutil.rmtree(RUN, ignore_errors=True)
-    cfg = tiny(RUN, steps=6, log_every=2, eval=False, tensorboard=True, profile=True, profile_wait=1,
-               profile_warmup=1, profile_active=2)
-    tl.train(cfg)
-    yield cfg
-    shutil.rmtree(RUN, ignore_errors=True)
+    run = TinyRun()
+    yield run
+    run.stop()
 
 
 @pytest.fixture(scope="module")
@@ -116,32 +149,35 @@ class Lab:
                f"--IdentityProvider.token={self.token}", *(["--allow-root"] if os.getuid() == 0 else [])]
         self.log = home / "jupyter.log"
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=stops_with_pytest)
+
+    def ready(self) -> "Lab":
         deadline = time.time() + WAIT
         while not self.api("status"):
             if self.proc.poll() is not None or time.time() > deadline:
-                self.stop()
                 pytest.fail(f"JupyterLab did not start at {self.url}; its log ends with:\n"
                             f"{self.log.read_text()[-1500:]}")
             time.sleep(0.5)
+        return self
 
-    def api(self, path: str, method: str = "GET"):
-        req = urllib.request.Request(f"{self.url}api/{path}", method=method,
-                                     headers={"Authorization": f"token {self.token}"})
+    def api(self, path: str):
+        req = urllib.request.Request(f"{self.url}api/{path}", headers={"Authorization": f"token {self.token}"})
         try:
             with urllib.request.urlopen(req, timeout=10) as r:
-                return json.loads(r.read() or b"{}") if method == "GET" else True
-        except OSError:
+                return json.load(r)
+        except (OSError, ValueError):
             return None
 
-    def stop(self):
-        # the kernels run in sessions of their own: shut them down through the server, then stop it
-        for kernel in self.api("kernels") or []:
-            self.api(f"kernels/{kernel['id']}", method="DELETE")
+    def terminate(self):
+        """SIGTERM: the server shuts its kernels down (they run in sessions of their own), then exits."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def stop(self):
+        self.terminate()
         try:
-            self.proc.wait(timeout=20)
+            self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
@@ -149,16 +185,17 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """lab(base_url) -> a running Lab, started once per base URL and stopped at the end of the module."""
+    """lab(base_url) -> a running Lab. Both start at once (in the background) and stop at the end of the module."""
     labs = {}
-
-    def get(base_url: str) -> Lab:
-        if base_url not in labs:
+    try:
+        for base_url in BASE_URLS:
             labs[base_url] = Lab(base_url, tmp_path_factory.mktemp("jupyter"))
-        return labs[base_url]
-    yield get
-    for one in labs.values():
-        one.stop()
+        yield lambda base_url: labs[base_url].ready()
+    finally:
+        for one in labs.values():
+            one.terminate()  # both at once
+        for one in labs.values():
+            one.stop()
 
 
 class Steps:
@@ -230,10 +267,10 @@ def mui_select(driver, current: str, choice: str):
     return driver.find_element(By.XPATH, "//main")
 
 
-@pytest.mark.parametrize("base_url", ["/", "/user/alice/"], ids=["root", "hub-base-url"])
-def test_notebook_00_opens_in_the_workbook_kernel_and_shows_tensorboard(base_url, browser, lab, tiny_run, boards):
-    from selenium.webdriver.common.by import By
+@pytest.mark.parametrize("base_url", BASE_URLS, ids=["root", "hub-base-url"])
+def test_notebook_00_opens_in_the_workbook_kernel_and_shows_tensorboard(base_url, tiny_run, lab, boards, browser):
     from PIL import Image
+    from selenium.webdriver.common.keys import Keys
 
     d, server, committed = browser, lab(base_url), NOTEBOOK.read_bytes()
     steps = Steps(d, "root" if base_url == "/" else base_url.strip("/").replace("/", "-"))
@@ -256,47 +293,57 @@ def test_notebook_00_opens_in_the_workbook_kernel_and_shows_tensorboard(base_url
         board_cell = next(c for c in cells if "tl.tensorboard.start(" in c.text)
         run_cell(d, setup)
         waiter(d).until(lambda d: "workbook ready" in setup.text, "the set-up cell printed no banner")
+        cfg = tiny_run.wait()  # TensorBoard's page lists the dashboards that have data when it loads
         run_cell(d, board_cell)
         frame = waiter(d).until(lambda d: (css(board_cell, ".jp-OutputArea iframe") or [False])[0],
                                 "the TensorBoard cell showed no inline view")
         assert not css(d, ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-        board = next(tb for tb in boards.running() if tb.logdir == str(ROOT / "runs"))
+        board = next((tb for tb in boards.running() if tb.logdir == str(ROOT / "runs")), None)
+        assert board, "no TensorBoard on runs/ is running after the cell"
         proxied = f"{base_url}proxy/{board.port}/"  # the page's own server: works behind `ssh -L` and on a hub
         assert frame.get_dom_attribute("src") == proxied
         assert css(board_cell, ".jp-OutputArea a")[0].get_dom_attribute("href") == proxied
-        d.execute_script("arguments[0].scrollIntoView()", frame)
-
-    with steps("train-loss-curve"):
         d.switch_to.frame(frame)
         try:
-            runs_filter = waiter(d).until(lambda d: css(d, "input[placeholder='Filter runs (regex)']"),
-                                          "TensorBoard's page did not load through the proxy")[0]
-            runs_filter.send_keys(f"^{RUN.name}/")
-            css(d, "input[placeholder='Filter tags (regex)']")[0].send_keys("^train/loss$")
+            waiter(d).until(lambda d: css(d, "input[placeholder='Filter runs (regex)']"),
+                            "TensorBoard's page did not load through the proxy")
+        finally:
+            d.switch_to.default_content()
+        d.execute_script("arguments[0].scrollIntoView()", board_cell)  # the cell, its link and the view
+
+    with steps("train-loss-curve"):
+        d.execute_script("arguments[0].scrollIntoView()", frame)
+        d.switch_to.frame(frame)
+        try:
+            css(d, "input[placeholder='Filter runs (regex)']")[0].send_keys(f"^{RUN.name}/")
+            css(d, "input[placeholder='Filter tags (regex)']")[0].send_keys("^train/loss$", Keys.ESCAPE)
             run = f"{RUN.name}/tb"
             card = waiter(d).until(lambda d: next((c for c in css(d, "scalar-card") if run in c.text), False),
                                    f"no train/loss card of the run {run}")
             assert card.text.replace("\n", "").startswith("train/loss")
             # the data table: the run's last point, the value TensorBoard's own API serves
             row = card.text.split("Relative\n", 1)[1].split("\n")
-            assert row[0] == run and int(row[3]) == tiny_run.steps, row
+            assert row[0] == run and int(row[3]) == cfg.steps, row
             with urllib.request.urlopen(f"{board.local_url}data/plugin/scalars/scalars?run={run}&tag=train/loss",
                                         timeout=10) as r:
                 points = json.load(r)
-            assert [p[1] for p in points] == [2, 4, 6] and float(row[2]) == pytest.approx(points[-1][2], rel=1e-3)
-            # the curve: the canvas has the run's colour along it (about 2 px x the plot's width)
+            assert [p[1] for p in points] == list(range(cfg.log_every, cfg.steps + 1, cfg.log_every))
+            assert float(row[2]) == pytest.approx(points[-1][2], rel=1e-3)
+            # the curve: the chart's canvas gets the run's colour along it (2 px x the plot's width), once drawn
             colour = css(card, "tb-data-table span[style*='background-color']")[0].value_of_css_property(
                 "background-color")
             rgb = tuple(int(v) for v in colour[colour.index("(") + 1:colour.index(")")].split(",")[:3])
-            canvas = Image.open(io.BytesIO(css(card, "canvas")[0].screenshot_as_png)).convert("RGB")
-            drawn = sum(1 for px in canvas.getdata() if sum(abs(a - b) for a, b in zip(px, rgb)) < 30)
-            assert drawn > 100, f"the train/loss chart has {drawn} pixels of the run's colour {rgb}: no curve"
+
+            def curve_pixels(_):
+                canvas = Image.open(io.BytesIO(css(card, "canvas")[0].screenshot_as_png)).convert("RGB")
+                return sum(1 for px in canvas.get_flattened_data() if sum(abs(a - b) for a, b in zip(px, rgb)) < 30)
+            waiter(d, 30).until(lambda _: curve_pixels(_) > 100, f"no curve in the run's colour {rgb} on the chart")
         finally:
             d.switch_to.default_content()
     assert NOTEBOOK.read_bytes() == committed, "JupyterLab changed the committed notebook"
 
 
-def test_profiler_tab_renders_nothing_without_internet(browser, lab, tiny_run, boards):
+def test_profiler_tab_renders_nothing_without_internet(tiny_run, lab, boards, browser):
     """torch-tb-profiler's page loads Google's chart library from www.gstatic.com before it draws any view,
     the Trace view included: offline (a cluster's browser tunnel) every view spins. Notebook 02 says so and
     points to the offline summary (tl.profiling.summarize) and Perfetto."""
@@ -304,10 +351,12 @@ def test_profiler_tab_renders_nothing_without_internet(browser, lab, tiny_run, b
 
     d, server = browser, lab("/")
     steps = Steps(d, "profiler")
+    tiny_run.wait()
     board = boards.start(ROOT / "runs")
     profile = f"{RUN.name}/tb/profile"
     views = tl.profiling.profiler_runs(board, wait_for=profile).get(profile, [])
     assert {"Overview", "Trace"} <= set(views), f"the plugin did not read the trace: {views}"  # served fine
+    d.get_log("browser")  # drop the messages of earlier pages
     with steps("profiler-tab"):
         d.get(f"{server.url}proxy/{board.port}/?token={server.token}#pytorch_profiler")
         waiter(d).until(lambda d: css(d, "iframe"), "no PyTorch Profiler tab")
