@@ -51,10 +51,16 @@ doctor: venv
 	$(BIN)/python -m tutorial_lib doctor
 
 # Slurm tests need the local cluster, which needs root; otherwise they are skipped with the reason.
+# The browser test needs Debian's chromium + chromium-driver: installed here as root, else it is skipped.
 test: venv
 	@if [ "$$(id -u)" = 0 ]; then bash scripts/slurm/local-cluster.sh up; \
 	else echo "not root: the local Slurm cluster is not started and the Slurm tests will be skipped"; fi
+<<<<<<< HEAD
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest --nbval-lax --nbval-current-env --durations=15 tests notebooks
+=======
+	@bash scripts/install-browser.sh
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest --nbval-lax --nbval-current-env tests notebooks
+>>>>>>> browser
 
 data: venv
 	$(BIN)/python -m tutorial_lib data fetch cifar10 cifar100 mnist imagefolder

@@ -1,4 +1,5 @@
 """The set-up files agree with each other: environment.yml, requirements.lock, pyproject.toml."""
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -60,3 +61,13 @@ def test_makefile_has_the_readme_targets():
         assert re.search(rf"^{re.escape(target)}:", text, re.M), f"Makefile lacks target {target}"
     assert "--ip=127.0.0.1" in text and "bind_all" not in text
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_notebooks_open_in_the_kernel_make_kernel_registers():
+    """A hub or `make lab` opens each notebook in the workbook's kernel, without asking which one."""
+    recipe = re.search(r"^kernel:.*\n\t(.+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    name = re.search(r"--name (\S+)", recipe).group(1)
+    display = re.search(r'--display-name "([^"]+)"', recipe).group(1)
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        spec = json.loads(nb.read_text())["metadata"]["kernelspec"]
+        assert spec == {"name": name, "display_name": display, "language": "python"}, f"{nb.name}: {spec}"

@@ -1,7 +1,9 @@
-"""TensorBoard from a cell: 127.0.0.1 only, reuse of a live instance, stale records ignored."""
+"""TensorBoard from a cell: 127.0.0.1 only, reuse of a live instance, stale records ignored, the proxy link."""
+import http.server
 import json
 import os
 import socket
+import threading
 import urllib.request
 
 import pytest
@@ -52,7 +54,42 @@ def test_stale_record_is_ignored(state, tmp_path):
 def test_jupyterhub_link_goes_through_the_proxy(monkeypatch):
     tb = tensorboard.TensorBoard(pid=1, port=6006, logdir="/x")
     monkeypatch.delenv("JUPYTERHUB_SERVICE_PREFIX", raising=False)
+    monkeypatch.delenv("JPY_PARENT_PID", raising=False)  # a headless kernel: no Jupyter server to go through
     assert tb.url == "http://127.0.0.1:6006/"
     monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/ada/")
     assert tb.url == "/user/ada/proxy/6006/"
     assert 'src="/user/ada/proxy/6006/"' in tb._repr_html_()
+
+
+@pytest.mark.parametrize("status, has_proxy", [(302, True), (404, False)])
+def test_local_jupyter_link_goes_through_its_proxy_when_it_has_one(status, has_proxy, tmp_path, monkeypatch):
+    """Under `make lab` (maybe behind `ssh -L`) the kernel's parent server decides: proxy route or not."""
+    asked = []
+
+    class Server(http.server.BaseHTTPRequestHandler):  # answers as jupyter_server does, with or without the proxy
+        def do_GET(self):
+            asked.append(self.path)
+            self.send_response(status)
+            self.send_header("Location", "/user/alice/login")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_port}/user/alice/"
+        (tmp_path / "jpserver-4242.json").write_text(json.dumps({"url": url, "base_url": "/user/alice/", "sock": ""}))
+        monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+        monkeypatch.setenv("JPY_PARENT_PID", "4242")
+        monkeypatch.delenv("JUPYTERHUB_SERVICE_PREFIX", raising=False)
+        tensorboard._serves_proxy.cache_clear()
+        tb = tensorboard.TensorBoard(pid=1, port=6006, logdir="/x")
+        assert tb.url == ("/user/alice/proxy/6006/" if has_proxy else "http://127.0.0.1:6006/")
+        assert asked == ["/user/alice/proxy/1/"]
+        assert tb.url and len(asked) == 1  # asked once per server, not at every display
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        tensorboard._serves_proxy.cache_clear()

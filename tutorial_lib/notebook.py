@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import tensorboard
 from .config import ROOT
 
 
@@ -30,12 +31,13 @@ def setup(quiet: bool = False) -> Session:
 
     os.chdir(ROOT)
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")
-    # for `%tensorboard`: the venv's bin/ on PATH, and on JupyterHub the proxy address for its iframe
+    # for `%tensorboard`: the venv's bin/ on PATH, and Jupyter's proxy address for its iframe when it has one
     bin_dir = str(Path(sys.executable).parent)
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):  # running the cell again adds nothing
         os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
-    if "JUPYTERHUB_SERVICE_PREFIX" in os.environ:
-        os.environ.setdefault("TENSORBOARD_PROXY_URL", os.environ["JUPYTERHUB_SERVICE_PREFIX"] + "proxy/%PORT%/")
+    proxy = tensorboard.proxy_prefix()
+    if proxy:
+        os.environ.setdefault("TENSORBOARD_PROXY_URL", proxy + "%PORT%/")
     gpus = torch.cuda.device_count()
     size = os.environ.get("WORKBOOK_SIZE", "full" if gpus else "small")
     if size not in ("small", "full"):

@@ -1,8 +1,9 @@
 """Start and stop TensorBoard from a notebook cell.
 
 It listens on 127.0.0.1 only (never --bind_all: on a shared login or compute node anyone could read your
-runs). On JupyterHub (JUPYTERHUB_SERVICE_PREFIX set) the link goes through jupyter-server-proxy,
-`<prefix>proxy/<port>/`, which is also what the inline view loads.
+runs). The browser reaches it through jupyter-server-proxy, `<base_url>proxy/<port>/`, whenever the Jupyter
+serving the notebook has it: on JupyterHub, and under `make lab` (also when reached through `ssh -L`, which
+forwards Jupyter's port only). That address is the link and what the inline view loads.
 """
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from .config import UserError
@@ -34,9 +37,9 @@ class TensorBoard:
 
     @property
     def url(self) -> str:
-        """The address to open in the browser: through the JupyterHub proxy when there is one."""
-        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX")
-        return f"{prefix.rstrip('/')}/proxy/{self.port}/" if prefix else self.local_url
+        """The address to open in the browser: through Jupyter's proxy when it has one."""
+        prefix = proxy_prefix()
+        return f"{prefix}{self.port}/" if prefix else self.local_url
 
     def alive(self) -> bool:
         try:
@@ -59,6 +62,59 @@ class TensorBoard:
 
     def __repr__(self) -> str:
         return f"TensorBoard for {self.shown_logdir} at {self.url} (pid {self.pid})"
+
+
+def proxy_prefix() -> str | None:
+    """The path under which the browser reaches this machine's ports, `<base_url>proxy/`, or None.
+
+    On JupyterHub the hub says it (JUPYTERHUB_SERVICE_PREFIX). In a kernel of a local Jupyter server
+    (`make lab`) that server is the kernel's parent (JPY_PARENT_PID): its runtime file gives its address and
+    base_url, and it has jupyter-server-proxy if it answers on `proxy/`. Headless kernels (nbclient, nbval)
+    have no server, so their links stay at 127.0.0.1.
+    """
+    hub = os.environ.get("JUPYTERHUB_SERVICE_PREFIX")
+    if hub:
+        return hub.rstrip("/") + "/proxy/"
+    server = _parent_jupyter_server()
+    if server and _serves_proxy(server["url"]):
+        return server["base_url"].rstrip("/") + "/proxy/"
+    return None
+
+
+def _parent_jupyter_server() -> dict | None:
+    """The runtime record (url, base_url, ...) of the Jupyter server that started this kernel, if any."""
+    pid = os.environ.get("JPY_PARENT_PID")
+    if not pid:
+        return None
+    try:
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        server = json.loads((Path(jupyter_runtime_dir()) / f"jpserver-{pid}.json").read_text())
+    except (ImportError, OSError, ValueError):
+        return None
+    # a server on a Unix socket has no URL this kernel could ask
+    return server if {"url", "base_url"} <= server.keys() and not server.get("sock") else None
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # a redirect (to the login page) is an answer: the route exists
+
+
+@lru_cache
+def _serves_proxy(server_url: str) -> bool:
+    """Whether the Jupyter server at `server_url` has jupyter-server-proxy's `proxy/<port>/` route.
+
+    Without it the route is an unknown page (404); with it, an unauthenticated request is sent to the login
+    page (302) before anything is proxied, so no token is needed to ask.
+    """
+    try:
+        urllib.request.build_opener(_NoRedirect).open(server_url.rstrip("/") + "/proxy/1/", timeout=5).close()
+        return True
+    except urllib.error.HTTPError as e:
+        return e.code != 404
+    except OSError:
+        return False
 
 
 def _free_port() -> int:
