@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tutorial_lib import jobs  # noqa: E402  (torch-free)
+from tutorial_lib import jobs, sites  # noqa: E402  (torch-free)
 from tutorial_lib.config import UserError, load  # noqa: E402
 
 
@@ -39,7 +39,7 @@ def render_all(site: str, out: Path, account: str | None = None, reservation: st
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--site", required=True, help=f"site profile: {', '.join(jobs.site_names())} or a YAML file")
+    p.add_argument("--site", required=True, help=f"site profile: {', '.join(sites.site_names())} or a YAML file")
     p.add_argument("--account", help="the project the workshop's hours are charged to")
     p.add_argument("--reservation", help="the workshop's Slurm reservation")
     p.add_argument("--out", type=Path, default=ROOT / "jobs-workshop", help="folder for the files (jobs-workshop/)")

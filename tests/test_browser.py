@@ -346,7 +346,7 @@ def test_notebook_00_opens_in_the_workbook_kernel_and_shows_tensorboard(base_url
 def test_profiler_tab_renders_nothing_without_internet(tiny_run, lab, boards, browser):
     """torch-tb-profiler's page loads Google's chart library from www.gstatic.com before it draws any view,
     the Trace view included: offline (a cluster's browser tunnel) every view spins. Notebook 02 says so and
-    points to the offline summary (tl.profiling.summarize) and Perfetto."""
+    points to the offline summary (tl.trace_summary.summarize) and Perfetto."""
     import tutorial_lib as tl
 
     d, server = browser, lab("/")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, cli
-from tutorial_lib import doctor, jobs, sitecheck
+from tutorial_lib import doctor, jobs, sitecheck, sites
 from tutorial_lib.doctor import Context, Options
 
 slurm_up = pytest.mark.skipif(not jobs.slurm_available(), reason="no local Slurm (make slurm-up, as root)")
@@ -69,7 +69,7 @@ def test_bad_site_is_an_error_not_a_check():
 @slurm_up
 def test_wrong_partition_fails_with_the_cluster_partitions(tmp_path):
     site = tmp_path / "wrong.yaml"
-    site.write_text((jobs.SITES_DIR / "local.yaml").read_text().replace("partition: debug", "partition: nope"))
+    site.write_text((sites.SITES_DIR / "local.yaml").read_text().replace("partition: debug", "partition: nope"))
     ctx = Context(Options(site=str(site)))
     part = sitecheck.check_partition(ctx)
     assert part.status == "FAIL" and "'nope'" in part.message and "debug" in part.message, status(part)

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from . import jobs
+from . import sites
 from .sitecheck import SITE_CHECKS, Check, SiteFacts, shown as _shown
 from .sitecheck import run_command as _run
 
@@ -40,7 +40,7 @@ MARKS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "mnis
 @dataclass
 class Options:
     """What the checks compare against; every default is what a workshop machine should offer."""
-    site: str | None = None  # a site profile name or YAML path; None: jobs.default_site()
+    site: str | None = None  # a site profile name or YAML path; None: sites.default_site()
     account: str | None = None  # the workshop's project account (else the site profile's)
     reservation: str | None = None  # the workshop's Slurm reservation
     data_dir: str = "data"  # where datasets are staged (TrainConfig.data_dir)
@@ -442,7 +442,7 @@ def cli(argv: list[str]) -> int:
     d = Options()
     p = argparse.ArgumentParser(prog="python -m tutorial_lib doctor", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="one JSON object with every check (for a site admin)")
-    p.add_argument("--site", help=f"site profile name or YAML file (default: {jobs.default_site()})")
+    p.add_argument("--site", help=f"site profile name or YAML file (default: {sites.default_site()})")
     p.add_argument("--account", help="the workshop's project account (default: the site profile's)")
     p.add_argument("--reservation", help="the workshop's Slurm reservation, checked with sbatch --test-only")
     p.add_argument("--data-dir", default=d.data_dir, help="where datasets are staged (default: %(default)s)")

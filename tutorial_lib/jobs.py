@@ -26,7 +26,7 @@ from typing import Any
 
 from .config import ROOT, ConfigError, TrainConfig, UserError, check_world, format_value, load, suggest
 from .results import result_line  # noqa: F401  (tl.jobs.result_line: notebooks 01, 03)
-from .sites import ARRAY_RE, PATH_RE, Site, check_name, check_pattern, check_slurm_words, load_site, time_seconds
+from .sites import ARRAY_RE, PATH_RE, WORD_RE, Site, check_name, check_pattern, check_slurm_words, load_site, time_seconds
 from .slurm import Job, NoSlurm
 from .slurm import available as slurm_available  # noqa: F401  (tl.jobs.slurm_available(): notebooks 01-03)
 from .slurm import submit as sbatch
@@ -365,7 +365,7 @@ def directives(r: Resources, site: Site, n_points: int) -> list[str]:
     rows += [(f"--qos={r.qos}", "quality of service: priority and limits")] if r.qos else []
     rows += [(f"--constraint={r.constraint}", "node features this job needs")] if r.constraint else []
     if r.reservation is not None:
-        _check_pattern("reservation", r.reservation, _WORD, "letters, digits, '_', '.', '-'",
+        check_pattern("reservation", r.reservation, WORD_RE, "letters, digits, '_', '.', '-'",
                        "`scontrol show reservation` lists the reservations of your cluster")
         rows.append((f"--reservation={r.reservation}", "nodes set aside for this group (e.g. a workshop)"))
     rows += [(f"--nodes={r.nodes}", ""), (f"--ntasks-per-node={tasks}", task_note)]

@@ -24,7 +24,7 @@ from functools import cached_property
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
-from . import jobs
+from . import jobs, sites
 from .config import TrainConfig, UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,8 +67,8 @@ class SiteFacts:
         self.opts = opts  # a doctor.Options
 
     @cached_property
-    def site(self) -> jobs.Site:
-        return jobs.load_site(self.opts.site)
+    def site(self) -> sites.Site:
+        return sites.load_site(self.opts.site)
 
     @cached_property
     def slurm(self) -> str | None:
@@ -211,11 +211,11 @@ def check_time(ctx: SiteFacts) -> Check:
         return Check("time", "SKIP", "the partition is unknown (see the partition line)")
     if limit in ("infinite", "UNLIMITED"):
         return Check("time", "PASS", f"partition limit {limit}; profile max_time {ctx.site.max_time}")
-    seconds = jobs.time_seconds(limit, "sinfo time limit")
+    seconds = sites.time_seconds(limit, "sinfo time limit")
     text = f"partition limit {limit}; profile default_time {ctx.site.default_time}, max_time {ctx.site.max_time}"
-    if jobs.time_seconds(ctx.site.default_time) > seconds:
+    if sites.time_seconds(ctx.site.default_time) > seconds:
         return Check("time", "FAIL", text + ": every default job is refused", f"default_time <= {limit}")
-    if jobs.time_seconds(ctx.site.max_time) > seconds:
+    if sites.time_seconds(ctx.site.max_time) > seconds:
         return Check("time", "WARN", text + ": jobs longer than the limit are refused at submission",
                      f"max_time: {limit} in the site profile")
     return Check("time", "PASS", text)
