@@ -211,13 +211,30 @@ def add_speedups(rows: list[dict]) -> None:
             r["speedup"] = r["img_s"] / base if base else None
 
 
-def from_results(results: dict[str, Result], sizes: Sizes) -> list[dict]:
-    """Rows from result.json files (e.g. a batch job's array, one rung per task): rung name -> Result."""
-    by_name = {r.name: r for r in rungs(sizes)}
+# ------------------------------------------------------------------------------------------------ as a batch job
+def job_sweep(sizes: Sizes, overrides: dict | None = None, device: str = "cuda") -> tuple[TrainConfig, list[dict]]:
+    """The ladder as a job array (tl.jobs.write(..., sweep=points)): the base config, and one point per rung
+    that runs on `device` with the keys it changes (its out_dir included). The bare loop is not a training
+    run: it stays out. Workers are left to the job (one per CPU it gets)."""
+    base = base_config(sizes, overrides).replace(num_workers=TrainConfig().num_workers)
+    points = []
+    for rung, cfg, reason in configs(sizes, overrides, device):
+        if reason is None and not rung.bare:
+            cfg = cfg.replace(num_workers=base.num_workers)
+            points.append({k: v for k, v in cfg.to_dict().items() if v != getattr(base, k)})
+    return base, points
+
+
+def gather(out_dir: str | Path, sizes: Sizes) -> list[dict]:
+    """Rows from the result.json of each rung's folder under out_dir (a job array's tasks, or ladder runs)."""
+    from .results import load_result
+
     rows = []
-    for name, res in results.items():
-        cfg = TrainConfig(**res.config)
-        rows.append(row(by_name[name], cfg, res, res.wall_time_s))
+    for rung in rungs(sizes):
+        folder = Path(out_dir) / rung.name
+        if (folder / "result.json").is_file():
+            res = load_result(folder)
+            rows.append(row(rung, TrainConfig(**res.config), res, res.wall_time_s))
     add_speedups(rows)
     return rows
 
