@@ -10,8 +10,8 @@ from .config import ROOT, ConfigError, TrainConfig, UserError, load
 __all__ = ["ConfigError", "ROOT", "TrainConfig", "UserError", "launch", "load", "load_result", "train"]
 
 
-SUBMODULES = ("bench", "config", "data", "distributed", "engine", "imagefolder", "jobs", "models", "notebook",
-              "profiling", "reference", "report", "results", "tensorboard", "trace_summary")
+SUBMODULES = ("bench", "config", "data", "distributed", "engine", "imagefolder", "jobs", "ladder", "models", "notebook",
+              "peaks", "profiling", "reference", "report", "results", "tensorboard", "trace_summary")
 
 
 def __getattr__(name):

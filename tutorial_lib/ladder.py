@@ -38,7 +38,7 @@ class Sizes:
 
 
 GPU = Sizes(batch=256, big_batch=1024, steps=150, big_steps=60, warmup=10, model="resnet18", train_size=None,
-            budget_s=420)
+            budget_s=330)
 SMALL = Sizes(batch=16, big_batch=64, steps=8, big_steps=4, warmup=2, model="resnet18_imagenet", train_size=256,
               budget_s=240)
 
@@ -66,11 +66,11 @@ def rungs(sizes: Sizes) -> list[Rung]:
              cpu_note="CUDA graphs need a GPU"),
         Rung("big_batch", f"batch {sizes.batch} -> {sizes.big_batch}", {"batch_size": sizes.big_batch}),
         Rung("gpu_resident", "GPU-resident input and augmentation (notebook 03)", {"loader": "gpu_resident"}),
-        Rung("fp16", "beside the ladder: fp16 + GradScaler instead of bf16", {"precision": "fp16"}, on="bf16",
-             cpu_note="fp16 autocast needs a CUDA GPU here"),
         Rung("last_small_batch", f"beside the ladder: the last rung at batch {sizes.batch}", {"batch_size": sizes.batch},
              on="gpu_resident"),
         Rung("bare_loop", "ceiling: the last rung's compiled step in a bare loop", on="gpu_resident", bare=True),
+        Rung("fp16", "beside the ladder: fp16 + GradScaler instead of bf16", {"precision": "fp16"}, on="bf16",
+             cpu_note="fp16 autocast needs a CUDA GPU here"),
     ]
 
 
