@@ -317,6 +317,7 @@ class Run:
             throughput_img_s=throughput,
             step_time_ms={"median": median, "p10": percentile(times, 0.1) if times else median,
                           "p90": percentile(times, 0.9) if times else median, "timed_steps": len(times),
+                          "mean": statistics.fmean(times) if times else median,
                           "slowest_rank_median": slowest},
             data_wait_ms=statistics.median(meter.waits) * 1000 if meter.waits else 0.0,
             loss=self.losses, final_loss=self.losses[-1] if self.losses else float("nan"),

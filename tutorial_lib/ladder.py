@@ -93,7 +93,9 @@ def configs(sizes: Sizes, overrides: dict | None = None, device: str = "cuda",
         start = by_name[rung.on] if rung.on else current
         cfg = start.replace(**rung.overrides)
         steps = sizes.big_steps if cfg.batch_size == sizes.big_batch else sizes.steps
-        cfg = cfg.replace(steps=steps, out_dir=f"{base.out_dir}/{rung.name}")
+        # the batches DataLoader workers load before the clock starts are left out of the timing (as the bench does)
+        ahead = 0 if cfg.loader == "gpu_resident" else cfg.num_workers * cfg.prefetch_factor
+        cfg = cfg.replace(steps=steps + ahead, timing_warmup=sizes.warmup + ahead, out_dir=f"{base.out_dir}/{rung.name}")
         reason = None
         if device != "cuda" and rung.cpu_note:
             reason = rung.cpu_note
@@ -182,7 +184,7 @@ def bare_loop(cfg: TrainConfig) -> Result:
             config=cfg.to_dict(), device=device, world_size=1, steps=cfg.steps, global_batch=r.batch_size,
             throughput_img_s=r.batch_size / (median / 1000),
             step_time_ms={"median": median, "p10": engine.percentile(times, 0.1), "p90": engine.percentile(times, 0.9),
-                          "timed_steps": len(times), "slowest_rank_median": median},
+                          "timed_steps": len(times), "slowest_rank_median": median, "mean": statistics.fmean(times)},
             data_wait_ms=0.0, loss=[], final_loss=loss.item(), val_accuracy=None, peak_memory_mb=peak,
             param_checksums=[], resumed_from_step=None, wall_time_s=0.0, torch_version=torch.__version__,
             compile_time_s=meter.first_step_s, flops_per_image=flops,
@@ -191,10 +193,14 @@ def bare_loop(cfg: TrainConfig) -> Result:
 
 # ------------------------------------------------------------------------------------------------ rows
 def row(rung: Rung, cfg: TrainConfig, res: Result, wall_s: float) -> dict:
+    """A rung's figures. img/s from the MEAN step time, so that steps that waited for data count (a median
+    hides them when fewer than half the steps wait); MFU likewise."""
     t = res.step_time_ms
+    img_s = res.global_batch / (t["mean"] / 1000) if t.get("mean") else res.throughput_img_s
+    mfu = res.mfu * img_s / res.throughput_img_s if res.mfu and res.throughput_img_s else res.mfu
     return {"rung": rung.name, "change": rung.change, "batch": cfg.batch_size, "steps": res.steps,
-            "img_s": res.throughput_img_s, "step_ms": t["median"], "step_ms_p10": t["p10"], "step_ms_p90": t["p90"],
-            "peak_mb": res.peak_memory_mb, "mfu": res.mfu, "compile_s": res.compile_time_s,
+            "img_s": img_s, "step_ms": t["median"], "step_ms_p10": t["p10"], "step_ms_p90": t["p90"],
+            "data_wait_ms": res.data_wait_ms, "peak_mb": res.peak_memory_mb, "mfu": mfu, "compile_s": res.compile_time_s,
             "final_loss": res.final_loss, "loss": res.loss, "fp16_skipped_steps": res.fp16_skipped_steps,
             "device": res.device, "wall_s": wall_s, "skipped": None}
 
@@ -253,16 +259,16 @@ def row_line(r: dict) -> str:
 
 def markdown(rows: list[dict]) -> str:
     """The ladder as a markdown table (the notebook, docs/performance.md and the GPU script print it)."""
-    head = ["rung", "change", "batch", "img/s", "x fp32", "step ms: median (p10-p90)", "peak MB", "MFU",
-            "compile s", "loss after steps"]
+    head = ["rung", "change", "batch", "img/s", "x fp32", "step ms: median (p10-p90)", "data wait ms", "peak MB",
+            "MFU", "compile s", "loss after steps"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r["skipped"]:
-            cells = [r["rung"], r["change"], str(r["batch"]), f"skipped: {r['skipped']}", *[""] * 6]
+            cells = [r["rung"], r["change"], str(r["batch"]), f"skipped: {r['skipped']}", *[""] * 7]
         else:
             cells = [r["rung"], r["change"], str(r["batch"]), f"{r['img_s']:,.0f}", _fmt(r.get("speedup"), ".2f"),
                      f"{r['step_ms']:.2f} ({r['step_ms_p10']:.2f}-{r['step_ms_p90']:.2f})",
-                     _fmt(r["peak_mb"], ",.0f"), _fmt(r["mfu"] and 100 * r["mfu"], ".1f", "n/a") +
+                     _fmt(r.get("data_wait_ms"), ".2f"), _fmt(r["peak_mb"], ",.0f"), _fmt(r["mfu"] and 100 * r["mfu"], ".1f", "n/a") +
                      ("%" if r["mfu"] else ""), _fmt(r["compile_s"], ".1f", "-"),
                      f"{r['final_loss']:.3f} after {r['steps']}"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -278,7 +284,7 @@ def save(rows: list[dict], out_dir: str | Path, traces: dict | None = None) -> t
 
 
 # ------------------------------------------------------------------------------------------------ evidence
-TRACED = ("channels_last", "gpu_resident")  # the bf16 eager step, and the last rung: the compiled CUDA-graph step
+TRACED = ("channels_last", "gpu_resident", "last_small_batch")  # the bf16 eager step; the last rung (CUDA graphs) at 1024 and 256
 
 
 def trace_breakdown(cfg: TrainConfig) -> dict:
@@ -297,7 +303,7 @@ def trace_breakdown(cfg: TrainConfig) -> dict:
     s = trace_summary.summarize(prof.out_dir)[0]
     parts = s.parts_ms
     busy = sum(k["ms"] for k in s.top_kernels) or 1.0
-    return {"device": s.device, "view": s.view, "step_ms": s.step_ms, "bottleneck": s.bottleneck,
+    return {"device": s.device, "view": s.view, "batch": cfg.batch_size, "step_ms": s.step_ms, "bottleneck": s.bottleneck,
             "shares": {p: parts[p] / s.step_ms for p in trace_summary.PARTS},
             "top_kernels": [{"name": k["name"][:120], "calls": k["calls"], "ms": k["ms"], "of_busy": k["ms"] / busy}
                             for k in s.top_kernels[:8]]}
@@ -362,6 +368,11 @@ def limits_section(figures: dict) -> list[str]:
         out.append(f"The bf16 eager step (rung channels_last) was idle {_pct(eager['shares']['idle'])} of its "
                    f"{eager['step_ms']:.2f} ms (the CPU launching kernels one by one); the compiled CUDA-graph step is idle "
                    f"{_pct(last['shares']['idle'])}.")
+    small = tr.get("last_small_batch")
+    if small:
+        out.append(f"The same step at batch {small.get('batch', 'n/a')} "
+                   f"({small['step_ms']:.2f} ms): " + ", ".join(f"{p} {_pct(v)}" for p, v in
+                   sorted(small["shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005) + ".")
     out += ["", "| GPU kernel of the last rung | calls/step | ms/step | of GPU busy |", "|---|---|---|---|"]
     out += [f"| `{k['name'][:90]}` | {k['calls']:g} | {k['ms']:.3f} | {_pct(k['of_busy'])} |" for k in last["top_kernels"]]
     out.append("\nHow far each kernel is from its own roofline needs its FLOPs and bytes per call (Nsight Compute, "
@@ -391,7 +402,10 @@ def performance_doc(records: list[dict]) -> str:
            "(`tutorial_lib/peaks.py`)."]
     for rec in records:
         f = rec["figures"]
-        out += ["", f"## {rec['card']} (torch {rec['torch']}, {rec['date']})", "", markdown(f["rows"]), ""]
+        mean = all("data_wait_ms" in r for r in f["rows"] if not r["skipped"])  # records before the mean: median
+        out += ["", f"## {rec['card']} (torch {rec['torch']}, {rec['date']})", "",
+                f"img/s from the {'mean step time (waits for data included)' if mean else 'median step time'} "
+                "after the warm-up.", "", markdown(f["rows"]), ""]
         speed = "n/a" if f.get("last_speedup") is None else f"{f['last_speedup']:.1f}x"
         ratio = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
         out.append(f"Targets: the last rung runs at {speed} the fp32 rung (target 12x) and {_pct(f.get('last_mfu'))} "

@@ -7,8 +7,8 @@
 #
 # 1. `python -m tutorial_lib ladder --trace --reference`: fp32 -> TF32 -> bf16 -> channels_last -> fused AdamW ->
 #    compile -> reduce-overhead -> batch 1024 -> gpu_resident, fp16 + GradScaler beside it, the last rung at
-#    batch 256, the bare-loop ceiling; then a profiled run of the bf16 eager step and of the last rung,
-#    summarised offline (tutorial_lib.trace_summary). Rungs that would start after 5.5 minutes are skipped,
+#    batch 256, the bare-loop ceiling; then profiled runs of the bf16 eager step and of the last rung (at
+#    batch 1024 and 256), summarised offline (tutorial_lib.trace_summary). Rungs that would start after 5.5 minutes are skipped,
 #    and step 2 when the ladder took more than 7.5 minutes, so that the whole script ends within 10.
 # 2. Notebook 03's bench (IO / SYNTHETIC / FULL) at configs/optimized.yaml, with the DataLoader and GPU-resident.
 # 3. docs/performance.md rendered from the reference files.
@@ -46,7 +46,8 @@ import json, os, sys
 from tutorial_lib import bench, config, reference
 
 out, small = sys.argv[1], bool(sys.argv[2])
-cfg = config.load("configs/optimized.yaml").replace(progress=False, tensorboard=False)
+cfg = config.load("configs/optimized.yaml").replace(progress=False, tensorboard=False,
+                                                    num_workers=config.default_workers())  # for loader=dataloader
 if small:  # tiny sizes; the CPU compiles for minutes, so the check runs eagerly
     cfg = cfg.replace(model="resnet18_imagenet", batch_size=16, train_size=256, compile=False, device="cpu")
 steps, window = (4, 2) if small else (200, 20)
