@@ -224,7 +224,8 @@ def job_sweep(sizes: Sizes, overrides: dict | None = None, device: str = "cuda")
     run: it stays out. Workers are left to the job (one per CPU it gets)."""
     base = base_config(sizes, overrides).replace(num_workers=TrainConfig().num_workers)
     points = []
-    for rung, cfg, reason in configs(sizes, overrides, device):
+    # untimed: the batches up to 8 workers (the most default_workers() gives) load ahead, wherever the job runs
+    for rung, cfg, reason in configs(sizes, {**(overrides or {}), "num_workers": 8}, device):
         if reason is None and not rung.bare:
             cfg = cfg.replace(num_workers=base.num_workers)
             points.append({k: v for k, v in cfg.to_dict().items() if v != getattr(base, k)})
