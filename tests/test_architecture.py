@@ -9,7 +9,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "tutorial_lib"
 LAYER = {
-    "config": 0, "shapes": 0, "intervals": 0,
+    "config": 0, "shapes": 0, "intervals": 0, "peaks": 0,
     "results": 1,
     "sites": 2, "slurm": 2, "trace_summary": 2, "reference": 2, "tensorboard": 2, "models": 2, "distributed": 2,
     "jobs": 3, "imagefolder": 3, "profiling": 3,
@@ -19,7 +19,8 @@ LAYER = {
     "notebook": 7, "report": 7, "doctor": 7,
     "__main__": 8, "__init__": 8,
 }
-TORCH_FREE = ("config", "results", "sites", "jobs", "slurm", "trace_summary", "intervals", "reference", "shapes")
+TORCH_FREE = ("config", "results", "sites", "jobs", "slurm", "trace_summary", "intervals", "reference", "shapes",
+              "peaks")
 MODULES = sorted(p.stem for p in PKG.glob("*.py"))
 
 

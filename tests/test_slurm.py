@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tutorial_lib import jobs
+from tutorial_lib import jobs, ladder
 from tutorial_lib.config import TrainConfig
 from tutorial_lib.slurm import Job, SubmitError
 
@@ -122,6 +122,7 @@ def jobs_submitted(work, requeue_steps):
                      nsys=True),
         "sweep": dict(cfg=tiny(work / "sweep"), site="local", sweep={"batch_size": [8, 16]}),
         "fails": dict(cfg=tiny(work / "fails", precision="fp16"), site="local"),
+        "ladder": dict(cfg=ladder_job(work)[0], sweep=ladder_job(work)[1], site="local"),  # notebook 04's job
     }
     submitted = {}
     for name, spec in specs.items():
@@ -131,6 +132,15 @@ def jobs_submitted(work, requeue_steps):
     yield submitted
     for job in submitted.values():  # nothing left behind on the cluster when a test failed early
         subprocess.run(["scancel", job.id], capture_output=True)
+
+
+LADDER = ladder.Sizes(batch=8, big_batch=16, steps=3, big_steps=2, warmup=1, model="resnet18_imagenet",
+                      train_size=64, budget_s=600)
+
+
+def ladder_job(work: Path):
+    """jobs/04_ladder.sbatch as notebook 04 renders it, with CPU sizes: one array task per rung a CPU runs."""
+    return ladder.job_sweep(LADDER, {"out_dir": str(work / "ladder")}, device="cpu")
 
 
 def finished(job: Job, timeout: float = 240) -> str:
@@ -230,6 +240,15 @@ def test_job_at_its_time_limit_is_requeued_and_resumes_without_losing_a_step(job
     assert res["resumed_from_step"] and 0 < res["resumed_from_step"] < requeue_steps
     assert "USR1: the time limit is near" in log and "requeueing job" in log
     assert f"resuming from step {res['resumed_from_step']}" in log
+
+
+def test_ladder_job_array_trains_every_cpu_rung_and_gathers_into_the_table(jobs_submitted, work):
+    job = jobs_submitted["ladder"]
+    assert finished(job) == "COMPLETED"
+    rows = ladder.gather(work / "ladder", LADDER)
+    assert [r["rung"] for r in rows] == ["fp32", "bf16", "channels_last", "fused_adamw", "big_batch", "gpu_resident",
+                                         "last_small_batch"]
+    assert all(r["img_s"] > 0 and r["speedup"] > 0 for r in rows) and "| gpu_resident |" in ladder.markdown(rows)
 
 
 def _site_bigger_than_the_cluster(work: Path) -> str:

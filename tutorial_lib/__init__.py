@@ -5,13 +5,14 @@
     result = tl.train(cfg)            # this process: one device or DataParallel
     result = tl.launch(cfg, nproc=2)  # DDP through torchrun, from a notebook cell
 """
+from pathlib import Path
+
 from .config import ROOT, ConfigError, TrainConfig, UserError, load
 
 __all__ = ["ConfigError", "ROOT", "TrainConfig", "UserError", "launch", "load", "load_result", "train"]
 
 
-SUBMODULES = ("bench", "config", "data", "distributed", "doctor", "engine", "imagefolder", "jobs", "models",
-              "notebook", "profiling", "reference", "report", "results", "sitecheck", "tensorboard", "trace_summary")
+SUBMODULES = tuple(sorted(p.stem for p in Path(__file__).parent.glob("*.py") if not p.stem.startswith("_")))
 
 
 def __getattr__(name):

@@ -4,6 +4,7 @@
     python -m tutorial_lib train --config configs/baseline.yaml precision=bf16
     torchrun --nproc_per_node=2 -m tutorial_lib train parallel=ddp ...
     python -m tutorial_lib bench loader=gpu_resident precision=bf16     # IO / SYNTHETIC / FULL and a verdict
+    python -m tutorial_lib ladder                                       # notebook 04's optimization ladder
     python -m tutorial_lib data fetch cifar10                           # on a login node with internet
     python -m tutorial_lib jobs render --site generic --name demo steps=100
     python -m tutorial_lib jobs submit jobs/demo.sbatch --wait
@@ -79,6 +80,38 @@ def bench(argv: list[str]) -> int:
     if os.environ.get("RANK", "0") == "0":
         print(result.summary())
         print(f"wrote {cfg.out_dir}/bench.json")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- ladder
+def ladder(argv: list[str]) -> int:
+    from . import ladder as ladder_module
+
+    p = argparse.ArgumentParser(prog="python -m tutorial_lib ladder", description=ladder_module.__doc__.split(
+        "\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--small", action="store_true", help="tiny sizes: every rung a CPU can run, in under a minute")
+    p.add_argument("--only", help="comma-separated rungs to measure (the others are left out)")
+    p.add_argument("--compile-on-cpu", action="store_true", help="also run the compiled rungs on a CPU (minutes)")
+    p.add_argument("--out", default="runs/04_ladder", help="where ladder.json and ladder.md go")
+    p.add_argument("--trace", action="store_true", help="also profile the bf16 eager and the last rung (GPU)")
+    p.add_argument("--reference", action="store_true", help="write notebooks/reference/04_ladder*.json (GPU)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="changes to the base (fp32) rung")
+    args = p.parse_args(argv)
+    cfg = load(None, args.overrides)  # bad keys fail here, before torch is imported
+    given = {key: getattr(cfg, key) for key in (o.split("=", 1)[0].strip() for o in args.overrides)}
+    sizes = ladder_module.SMALL if args.small else ladder_module.GPU
+    rows = ladder_module.run(sizes, given, args.only.split(",") if args.only else None, args.compile_on_cpu)
+    trace = ladder_module.traces(sizes, given) if args.trace else {}
+    json_path, md_path = ladder_module.save(rows, args.out, trace)
+    print(ladder_module.markdown(rows))
+    print(f"wrote {json_path} and {md_path}")
+    if args.reference:
+        from . import reference
+
+        figures = ladder_module.reference_figures(rows, trace)
+        device = next(r["device"] for r in rows if not r["skipped"])
+        for name in ("04_ladder", f"04_ladder_{ladder_module.card_slug(device)}"):
+            print(f"wrote {reference.write(name, figures, script='scripts/gpu/ladder.sh')}")
     return 0
 
 
@@ -250,7 +283,7 @@ def doctor(argv: list[str]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- main
-COMMANDS = {"train": train, "bench": bench, "data": data, "jobs": jobs, "doctor": doctor}
+COMMANDS = {"train": train, "bench": bench, "ladder": ladder, "data": data, "jobs": jobs, "doctor": doctor}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,11 +80,13 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 PARALLEL = ("none", "dp", "ddp")
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adamw")
+OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")
 SCHEDULES = ("constant", "cosine")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 LOADERS = ("dataloader", "prefetcher", "gpu_resident")
 CHOICES = {"dataset": DATASETS, "model": MODELS, "precision": PRECISIONS, "parallel": PARALLEL, "device": DEVICES,
-           "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "compile_mode": COMPILE_MODES, "loader": LOADERS}
+           "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "compile_mode": COMPILE_MODES, "loader": LOADERS,
+           "optimizer_impl": OPTIMIZER_IMPLS}
 
 
 @dataclass
@@ -105,6 +107,7 @@ class TrainConfig:
     optimizer: str = "adamw"  # adamw learns the shapes set in a CPU minute; sgd is the classic CIFAR recipe
     lr: float = 2e-3  # peak learning rate (after warm-up)
     momentum: float = 0.9  # sgd only
+    optimizer_impl: str = "auto"  # fused: one kernel for all parameters; foreach: one per op; for-loop: per tensor
     weight_decay: float = 0.05  # decoupled for adamw, L2 for sgd
     lr_schedule: str = "cosine"  # after warm-up: constant, or cosine decay to zero at the last step
     warmup_steps: int = 0  # steps of linear learning-rate warm-up from 0

@@ -20,11 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import data, distributed, models, profiling
+from . import data, distributed, models, peaks, profiling
 from .config import ConfigError, TrainConfig, UserError, usable_cpus
 from .results import Result, load_result
 
 EXIT_PREEMPTED = 3  # the CLI's exit code after SIGUSR1: checkpoint written, rerun to continue
+COMPILE_WARMUP = 3  # untimed steps at least, with compile=true: step 1 compiles, reduce-overhead records graphs in 2-3
+OPTIMIZER_IMPLS = {"auto": {}, "fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
 
 
 class Preempted(Exception):
@@ -66,6 +68,27 @@ def autocast(cfg: TrainConfig, device: torch.device):
 def grad_scaler(cfg: TrainConfig, device: torch.device) -> torch.amp.GradScaler:
     """fp16 only: scales the loss so small gradients don't underflow; a no-op object otherwise."""
     return torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
+
+
+class SkippedSteps:
+    """fp16: the optimizer steps the GradScaler skipped. `scaler.step` skips the update when a gradient is
+    inf/NaN, and `scaler.update()` then halves the scale; it never lowers the scale otherwise. So a step after
+    which the scale went down was skipped. Counted on the device: nothing waits for the GPU."""
+
+    def __init__(self):
+        self.count = None  # a device tensor once a step with an enabled scaler was taken
+
+    @staticmethod
+    def scale_before(scaler):
+        return scaler._scale.clone() if scaler.is_enabled() else None  # the scaler's scale lives in `_scale`
+
+    def after_update(self, scaler, before) -> None:
+        if before is not None:
+            skipped = (scaler._scale < before).int()
+            self.count = skipped if self.count is None else self.count + skipped
+
+    def total(self) -> int | None:
+        return None if self.count is None else int(self.count)
 
 
 def set_cudnn_benchmark(cfg: TrainConfig) -> None:
@@ -116,6 +139,8 @@ class Run:
         self.out.mkdir(parents=True, exist_ok=True)
         self.batch_size = cfg.per_device_batch(env.world_size)
         torch.manual_seed(cfg.seed)
+        if self.device.type == "cuda":  # peak_memory_mb is this run's, not the notebook kernel's so far
+            torch.cuda.reset_peak_memory_stats(self.device)
         set_precision_flags(cfg)
         set_cudnn_benchmark(cfg)
         self.input = data.build_input(cfg, "train", env, self.batch_size)
@@ -128,6 +153,7 @@ class Run:
         self.opt = self.make_optimizer()
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg, self.total_steps))
         self.scaler = grad_scaler(cfg, self.device)
+        self.skipped = SkippedSteps()
         self.step, self.resumed_from = 0, None
         self.loss_log = LossLog(self.device)
         self.stop_requested = False
@@ -151,11 +177,20 @@ class Run:
         return model
 
     def make_optimizer(self) -> torch.optim.Optimizer:
+        """optimizer_impl picks torch.optim's implementation: fused (one kernel updates every parameter),
+        foreach (one kernel per operation over all of them), for-loop (kernels per parameter), auto (torch's
+        choice: foreach on a GPU). Notebook 04 measures the difference."""
         cfg = self.cfg
-        if cfg.optimizer == "sgd":
-            return torch.optim.SGD(self.raw_model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                                   weight_decay=cfg.weight_decay, nesterov=cfg.momentum > 0)
-        return torch.optim.AdamW(self.raw_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        impl = OPTIMIZER_IMPLS[cfg.optimizer_impl]
+        try:
+            if cfg.optimizer == "sgd":
+                return torch.optim.SGD(self.raw_model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                       weight_decay=cfg.weight_decay, nesterov=cfg.momentum > 0, **impl)
+            return torch.optim.AdamW(self.raw_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
+        except (RuntimeError, TypeError) as e:  # e.g. fused=True where this torch has no fused kernel
+            raise ConfigError(f"optimizer_impl={cfg.optimizer_impl!r} does not work for optimizer={cfg.optimizer!r} "
+                              f"on {self.device.type} with torch {torch.__version__} ({e}); use "
+                              "optimizer_impl=auto") from None
 
     # ------------------------------------------------------------------ one step
     def prepare(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,8 +207,10 @@ class Run:
         with profiling.nvtx_range("backward", nvtx):
             self.scaler.scale(loss).backward()
         with profiling.nvtx_range("optimizer", nvtx):
-            self.scaler.step(self.opt)
-            self.scaler.update()
+            scale = self.skipped.scale_before(self.scaler)
+            self.scaler.step(self.opt)  # fp16: skipped when a gradient overflowed (inf/NaN), else opt.step()
+            self.scaler.update()  # fp16: halve the scale after an overflow, grow it after 2000 clean steps
+            self.skipped.after_update(self.scaler, scale)
             self.sched.step()
         return loss.detach()
 
@@ -192,7 +229,8 @@ class Run:
         cfg, env = self.cfg, self.env
         t_start = time.perf_counter()
         self.maybe_resume()
-        meter = StepMeter(self.device, skip=max(0, cfg.timing_warmup - self.step))
+        skip = max(0, cfg.timing_warmup - self.step)
+        meter = StepMeter(self.device, skip=max(skip, COMPILE_WARMUP) if cfg.compile else skip, time_first=cfg.compile)
         writer = self.tensorboard_writer()
         progress = self.progress_bar()
 
@@ -271,17 +309,24 @@ class Run:
         accuracy = self.evaluate() if cfg.eval else None
         checksums = distributed.all_gather(models.param_checksum(self.raw_model), env)
         peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None
+        channels, size, *_ = data.SPECS[cfg.dataset]
+        flops = models.flops_per_image(cfg.model, data.num_classes(cfg.dataset), (channels, size, size))
+        throughput = self.batch_size * env.world_size / (slowest / 1000) if times else 0.0
         result = Result(
             config=cfg.to_dict(), device=device_name(self.device), world_size=env.world_size, steps=self.step,
             global_batch=self.batch_size * env.world_size,
-            throughput_img_s=self.batch_size * env.world_size / (slowest / 1000) if times else 0.0,
+            throughput_img_s=throughput,
             step_time_ms={"median": median, "p10": percentile(times, 0.1) if times else median,
                           "p90": percentile(times, 0.9) if times else median, "timed_steps": len(times),
+                          "mean": statistics.fmean(times) if times else median,
                           "slowest_rank_median": slowest},
             data_wait_ms=statistics.median(meter.waits) * 1000 if meter.waits else 0.0,
             loss=self.losses, final_loss=self.losses[-1] if self.losses else float("nan"),
             val_accuracy=accuracy, peak_memory_mb=peak, param_checksums=checksums,
-            resumed_from_step=self.resumed_from, wall_time_s=wall, torch_version=torch.__version__)
+            resumed_from_step=self.resumed_from, wall_time_s=wall, torch_version=torch.__version__,
+            compile_time_s=meter.first_step_s, flops_per_image=flops,
+            mfu=peaks.mfu(throughput, flops, device_name(self.device), cfg.precision, env.world_size),
+            fp16_skipped_steps=self.skipped.total())
         if env.is_main:
             result.save(self.out)
         return result
@@ -411,11 +456,13 @@ class LossLog:
 
 class StepMeter:
     """Per-step times without a device sync per step: CUDA events on the GPU, the host clock on CPU.
-    The first `skip` steps (warm-up: cuDNN autotuning, compilation, allocator growth) are left out."""
+    The first `skip` steps (warm-up: cuDNN autotuning, compilation, allocator growth) are left out.
+    With `time_first`, the first step is also timed on its own (one sync): where torch.compile compiles."""
 
-    def __init__(self, device: torch.device, skip: int):
+    def __init__(self, device: torch.device, skip: int, time_first: bool = False):
         self.cuda = device.type == "cuda"
         self.skip, self.marks, self.waits, self._recent = skip, [], [], []
+        self.time_first, self.first_step_s, self.first_wait = time_first, None, 0.0
 
     def _mark(self):
         if self.cuda:
@@ -431,8 +478,14 @@ class StepMeter:
     def step_end(self) -> None:
         self.marks.append(self._mark())
         self._recent.append(time.perf_counter())
+        if self.time_first and len(self.marks) == 2:
+            if self.cuda:
+                torch.cuda.synchronize()
+            self.first_step_s = time.perf_counter() - self._recent[0] - self.first_wait  # its data wait left out
 
     def data_wait(self, seconds: float) -> None:
+        if len(self.marks) == 1:
+            self.first_wait = seconds
         if len(self.marks) > self.skip:
             self.waits.append(seconds)
 

@@ -1,6 +1,8 @@
 """Models by name. No pretrained weights are ever loaded (clusters are often offline)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -53,3 +55,24 @@ def param_checksum(model: nn.Module) -> float:
     """Sum of all parameters in float64: equal on every DDP rank when the replicas are in sync."""
     with torch.no_grad():
         return float(sum(p.detach().double().sum().item() for p in model.parameters()))
+
+
+def train_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    """FLOPs of one training step's forward + cross-entropy + backward on (x, y), counted by
+    torch.utils.flop_counter (matmuls and convolutions, 2 FLOPs per multiply-add), not typed by hand."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    return counter.get_total_flops()
+
+
+@functools.lru_cache(maxsize=None)
+def flops_per_image(name: str, num_classes: int, image_shape: tuple[int, ...], n: int = 2) -> float:
+    """Training FLOPs per image of model `name`, counted on the meta device: no memory, no compute, and the
+    run's own model (its weights, batch-norm statistics, gradients) is left untouched."""
+    with torch.device("meta"):
+        model = build(name, num_classes)
+        x = torch.empty(n, *image_shape)
+        y = torch.zeros(n, dtype=torch.long)
+    return train_flops(model, x, y) / n

@@ -30,15 +30,22 @@ class Result:
     resumed_from_step: int | None
     wall_time_s: float
     torch_version: str
+    compile_time_s: float | None = None  # the first step, where torch.compile compiles (left out of the timing)
+    flops_per_image: float | None = None  # forward + backward, counted once by torch.utils.flop_counter
+    mfu: float | None = None  # achieved FLOP/s / the card's dense peak for the precision (None: CPU, unknown card)
+    fp16_skipped_steps: int | None = None  # optimizer steps the GradScaler skipped (inf/NaN gradients); fp16 only
 
     def summary(self) -> str:
         acc = "n/a" if self.val_accuracy is None else f"{100 * self.val_accuracy:.1f}%"
         mem = "n/a (CPU)" if self.peak_memory_mb is None else f"{self.peak_memory_mb:,.0f} MB"
         first = f"{self.loss[0]:.3f}" if self.loss else "n/a"
+        extra = "" if self.mfu is None else f" | MFU {100 * self.mfu:.0f}%"
+        if self.compile_time_s is not None:
+            extra += f" | compile {self.compile_time_s:.0f} s"
         return (f"{self.throughput_img_s:,.0f} img/s on {self.device} x{self.world_size} | step "
                 f"{self.step_time_ms['median']:.1f} ms (p10 {self.step_time_ms['p10']:.1f}, p90 "
                 f"{self.step_time_ms['p90']:.1f}) | loss {first} -> {self.final_loss:.3f} | "
-                f"val acc {acc} | peak mem {mem}")
+                f"val acc {acc} | peak mem {mem}{extra}")
 
     def __repr__(self) -> str:
         return f"Result({self.summary()})"

@@ -1,0 +1,228 @@
+"""Notebook 04's library: the optimizer implementation key, compile time, FLOPs and MFU, fp16 skipped steps,
+the ladder and its outputs, configs/optimized.yaml."""
+import json
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import ROOT, cli, tiny
+from tutorial_lib import config, distributed, engine, ladder, models, peaks
+from tutorial_lib.config import ConfigError, TrainConfig
+
+TINY = ladder.Sizes(batch=8, big_batch=16, steps=3, big_steps=2, warmup=1, model="resnet18_imagenet", train_size=64,
+                    budget_s=600)
+
+
+# ------------------------------------------------------------------------------------------- optimizer_impl
+@pytest.mark.parametrize("impl, flag, value", [("fused", "fused", True), ("foreach", "foreach", True),
+                                               ("for-loop", "foreach", False), ("auto", "fused", None)])
+def test_optimizer_impl_picks_torch_optims_implementation(tmp_path, impl, flag, value):
+    run = engine.Run(tiny(tmp_path, optimizer_impl=impl), distributed.setup("none", "cpu"))
+    assert run.opt.defaults[flag] is value
+
+
+def test_bad_optimizer_impl_is_refused_with_the_choices():
+    with pytest.raises(ConfigError, match="optimizer_impl='fast' is not one of auto, fused, foreach, for-loop"):
+        TrainConfig(optimizer_impl="fast")
+
+
+def test_optimizer_impl_torch_refuses_becomes_a_config_error(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported devices")
+
+    monkeypatch.setattr(torch.optim, "AdamW", refuse)
+    with pytest.raises(ConfigError, match="optimizer_impl='fused' does not work .* use optimizer_impl=auto"):
+        engine.Run(tiny(tmp_path, optimizer_impl="fused"), distributed.setup("none", "cpu"))
+
+
+# ------------------------------------------------------------------------------------------- compile time
+class SlowFirstCall(nn.Module):
+    """Stands in for torch.compile: the first forward takes `delay` seconds longer (the compilation)."""
+
+    def __init__(self, inner, delay):
+        super().__init__()
+        self.inner, self.delay, self.calls = inner, delay, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(self.delay)
+        return self.inner(x)
+
+
+def test_compile_time_is_reported_and_left_out_of_the_step_times(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: SlowFirstCall(model, 1.0))
+    res = engine.train(tiny(tmp_path, compile=True, timing_warmup=0, steps=6, eval=False))
+    assert res.compile_time_s >= 1.0
+    assert res.step_time_ms["timed_steps"] == 6 - engine.COMPILE_WARMUP  # warm-up raised to the compile's
+    assert res.step_time_ms["p90"] < 1000 * res.compile_time_s / 2
+    plain = engine.train(tiny(tmp_path / "plain", eval=False))
+    assert plain.compile_time_s is None
+
+
+def test_step_meter_times_the_first_step_without_its_data_wait():
+    meter = engine.StepMeter(torch.device("cpu"), skip=1, time_first=True)
+    meter.start()
+    time.sleep(0.2)
+    meter.data_wait(0.2)
+    time.sleep(0.3)
+    meter.step_end()
+    meter.step_end()
+    assert 0.28 < meter.first_step_s < 0.45
+    assert len(meter.step_times_ms()) == 1 and meter.step_times_ms()[0] < 100
+
+
+# ------------------------------------------------------------------------------------------- FLOPs and MFU
+def test_flops_of_a_linear_layer_equal_the_hand_count():
+    n, d_in, d_out = 4, 10, 5
+    flops = models.train_flops(nn.Linear(d_in, d_out), torch.randn(n, d_in), torch.zeros(n, dtype=torch.long))
+    # forward x @ W^T: 2*n*d_in*d_out; backward: the weight gradient, the same again (x needs no gradient)
+    hand = 2 * n * d_in * d_out + 2 * n * d_in * d_out
+    assert abs(flops - hand) <= 0.01 * hand
+
+
+def test_resnet18_flops_per_image_are_counted_on_the_meta_device():
+    f = models.flops_per_image("resnet18", 10, (3, 32, 32))
+    assert 3.2e9 < f < 3.5e9  # CIFAR-stem ResNet-18: about 3.3 GFLOP forward + backward per image
+    assert models.flops_per_image("resnet18_imagenet", 10, (3, 32, 32)) < f / 10  # the ImageNet stem shrinks first
+
+
+def test_run_result_carries_flops_and_no_mfu_on_a_cpu(tmp_path):
+    res = engine.train(tiny(tmp_path, eval=False))
+    assert res.flops_per_image == models.flops_per_image("resnet18_imagenet", 10, (3, 32, 32)) > 0
+    assert res.mfu is None and res.fp16_skipped_steps is None
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert saved["flops_per_image"] == res.flops_per_image and "mfu" in saved
+
+
+@pytest.mark.parametrize("card, precision, tflops", [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.5), ("NVIDIA H100 PCIe", "bf16", 756.5), ("NVIDIA H100 PCIe", "fp32", 51.0),
+    ("NVIDIA H200", "tf32", 494.5), ("NVIDIA A100-SXM4-80GB", "fp16", 312.0), ("NVIDIA A100 80GB PCIe", "fp32", 19.5),
+    ("NVIDIA GeForce RTX 3090", "bf16", None), ("CPU (Intel Xeon, 2 threads)", "fp32", None)])
+def test_peak_tflops_per_card_and_precision(card, precision, tflops):
+    assert peaks.peak_tflops(card, precision) == tflops
+
+
+def test_mfu_is_achieved_over_peak_flops_of_all_devices():
+    assert peaks.mfu(100_000, 3.3e9, "NVIDIA H200", "bf16") == pytest.approx(100_000 * 3.3e9 / 989.5e12)
+    assert peaks.mfu(400_000, 3.3e9, "NVIDIA H200", "bf16", devices=4) == pytest.approx(100_000 * 3.3e9 / 989.5e12)
+    assert peaks.mfu(100_000, 3.3e9, "CPU (x)", "bf16") is None
+
+
+# ------------------------------------------------------------------------------------------- fp16 skipped steps
+class FakeScaler:
+    """A GradScaler's contract: `_scale` halves after a step with inf/NaN gradients, else stays (or grows)."""
+
+    def __init__(self, overflows):
+        self._scale, self.overflows = torch.tensor(1024.0), iter(overflows)
+
+    def is_enabled(self):
+        return True
+
+    def update(self):
+        self._scale = self._scale * (0.5 if next(self.overflows) else 2.0)
+
+
+def test_skipped_steps_count_the_steps_after_which_the_scale_fell():
+    scaler, skipped = FakeScaler([False, True, False, True, True, False]), engine.SkippedSteps()
+    for _ in range(6):
+        before = skipped.scale_before(scaler)
+        scaler.update()
+        skipped.after_update(scaler, before)
+    assert skipped.total() == 3
+
+
+def test_skipped_steps_with_a_real_grad_scaler_on_overflow():
+    p = nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([p], lr=0.1)
+    scaler, skipped = torch.amp.GradScaler("cpu", init_scale=1024.0), engine.SkippedSteps()
+    for overflow in (False, True, False):
+        opt.zero_grad()
+        scaler.scale((p * 2).sum()).backward()
+        if overflow:
+            p.grad[0] = float("inf")
+        before = skipped.scale_before(scaler)
+        scaler.step(opt)
+        scaler.update()
+        skipped.after_update(scaler, before)
+    assert skipped.total() == 1
+    assert skipped.scale_before(torch.amp.GradScaler("cpu", enabled=False)) is None  # fp32/bf16: nothing counted
+
+
+# ------------------------------------------------------------------------------------------- the ladder
+def test_ladder_configs_add_one_change_per_rung():
+    plan = {rung.name: cfg for rung, cfg, _ in ladder.configs(ladder.GPU)}
+    last = plan["gpu_resident"]
+    assert (last.precision, last.channels_last, last.optimizer_impl, last.compile, last.compile_mode,
+            last.batch_size, last.loader) == ("bf16", True, "fused", True, "reduce-overhead", 1024, "gpu_resident")
+    assert plan["fp32"].precision == "fp32" and not plan["fp32"].channels_last
+    assert plan["fp16"].precision == "fp16" and not plan["fp16"].channels_last  # beside the bf16 rung
+    assert plan["last_small_batch"].replace(batch_size=1024, steps=last.steps, out_dir=last.out_dir) == last
+    on_cpu = {rung.name: (cfg, why) for rung, cfg, why in ladder.configs(ladder.GPU, device="cpu")}
+    assert on_cpu["compile"][1] and on_cpu["tf32"][1] and on_cpu["fp16"][1] and on_cpu["reduce_overhead"][1]
+    assert on_cpu["gpu_resident"][1] is None and not on_cpu["gpu_resident"][0].compile
+
+
+def test_optimized_yaml_is_the_ladders_last_rung():
+    opt = config.load(ROOT / "configs" / "optimized.yaml")
+    last = {rung.name: cfg for rung, cfg, _ in ladder.configs(ladder.GPU)}["gpu_resident"]
+    for key in ("model", "dataset", "precision", "channels_last", "optimizer_impl", "compile", "compile_mode",
+                "batch_size", "loader", "optimizer", "lr"):
+        assert getattr(opt, key) == getattr(last, key), key
+
+
+def test_small_ladder_measures_every_rung_a_cpu_can_run(tmp_path):
+    rows = ladder.run(TINY, {"out_dir": str(tmp_path / "ladder")}, quiet=True)
+    measured = {r["rung"] for r in rows if not r["skipped"]}
+    assert measured == {"fp32", "bf16", "channels_last", "fused_adamw", "big_batch", "gpu_resident",
+                        "last_small_batch", "bare_loop"}
+    skipped = {r["rung"]: r["skipped"] for r in rows if r["skipped"]}
+    assert set(skipped) == {"tf32", "compile", "reduce_overhead", "fp16"}
+    assert "torch.compile" in skipped["compile"] and "CUDA" in skipped["fp16"]
+    for r in rows:
+        if not r["skipped"]:
+            assert r["img_s"] > 0 and r["step_ms_p10"] <= r["step_ms"] <= r["step_ms_p90"] and r["speedup"] > 0
+    assert next(r for r in rows if r["rung"] == "fp32")["speedup"] == 1.0
+    json_path, md_path = ladder.save(rows, tmp_path / "out")
+    table = md_path.read_text().splitlines()
+    assert len(table) == 2 + len(rows) and all(f"| {r['rung']} |" in md_path.read_text() for r in rows)
+    assert json.loads(json_path.read_text())["rows"][0]["rung"] == "fp32"
+    gathered = ladder.gather(tmp_path / "ladder", TINY)  # the engine's result.json files, as a job's would be
+    assert {r["rung"] for r in gathered} == measured - {"bare_loop"}
+
+
+def test_ladder_cli_measures_the_rungs_asked_for(tmp_path):
+    proc = cli("ladder", "--small", "--only", "fp32,bf16", "--out", str(tmp_path), f"out_dir={tmp_path}/runs",
+               "train_size=64", env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads((tmp_path / "ladder.json").read_text())["rows"]
+    assert [r["rung"] for r in rows] == ["fp32", "bf16"]
+    assert "| fp32 |" in proc.stdout and "wrote" in proc.stdout
+    bad = cli("ladder", "--small", "--only", "fp64", "--out", str(tmp_path))
+    assert bad.returncode == 2 and "no rung named 'fp64'" in bad.stderr
+
+
+def test_job_sweep_has_one_point_per_training_rung():
+    base, points = ladder.job_sweep(ladder.GPU)
+    assert [p["out_dir"].rsplit("/", 1)[1] for p in points] == [
+        r.name for r in ladder.rungs(ladder.GPU) if not r.bare]
+    assert base.num_workers == TrainConfig().num_workers  # the job sets one worker per CPU it gets
+    _, cpu_points = ladder.job_sweep(TINY, device="cpu")
+    assert not any(p.get("compile") or p.get("precision") in ("tf32", "fp16") for p in cpu_points)
+
+
+def test_performance_doc_names_card_torch_date_and_what_limits_the_last_rung():
+    rows = [{"rung": "fp32", "change": "fp32", "batch": 256, "steps": 10, "skipped": None, "img_s": 9000.0,
+             "step_ms": 28.4, "step_ms_p10": 28.0, "step_ms_p90": 29.0, "peak_mb": 5000.0, "mfu": 0.44,
+             "compile_s": None, "final_loss": 2.1, "speedup": 1.0}]
+    trace = {"gpu_resident": {"device": "H200", "view": "gpu", "step_ms": 11.5, "bottleneck": "compute",
+                              "shares": {"compute": 0.9, "optimizer": 0.06, "idle": 0.04},
+                              "top_kernels": [{"name": "sm90_xmma_fprop", "calls": 20, "ms": 4.0, "of_busy": 0.35}]},
+             "channels_last": {"error": "RuntimeError: x"}}
+    rec = {"card": "NVIDIA H200", "gpus": 1, "torch": "2.11.0", "date": "2026-11-26", "script": "s",
+           "figures": ladder.reference_figures(rows, trace)}
+    doc = ladder.performance_doc([rec])
+    assert "## NVIDIA H200 (torch 2.11.0, 2026-11-26)" in doc and "| fp32 | fp32 | 256 | 9,000 |" in doc
+    assert "### What limits the last rung" in doc and "compute 90%" in doc and "`sm90_xmma_fprop` | 20 |" in doc

@@ -1,0 +1,419 @@
+"""The optimization ladder of notebook 04: the CIFAR-stem ResNet-18 made faster one change at a time, each rung
+one change on top of the last, every rung a real training run (`engine.train`) in this process on this device.
+
+    python -m tutorial_lib ladder                   # the whole ladder on this GPU: about 5-6 minutes on an H100/H200
+    python -m tutorial_lib ladder --small           # every rung a CPU can run, with tiny sizes: under a minute
+    python -m tutorial_lib ladder dataset=cifar10   # key=value changes the base (the fp32 rung) of every rung
+
+fp32 (TF32 off; in NGC containers NVIDIA_TF32_OVERRIDE=0 forces it off too) -> TF32 -> bf16 autocast ->
+channels_last -> fused AdamW -> torch.compile -> mode reduce-overhead (CUDA graphs) -> batch 1024 -> the
+GPU-resident input of notebook 03. Beside the ladder: fp16 + GradScaler instead of bf16; the last rung at
+batch 256; and the ceiling, the last rung's compiled step in a bare loop with none of the engine around it.
+Each row: img/s, step time (median, p10, p90), peak memory, MFU, compile time and the loss after its steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import TrainConfig, UserError, default_workers
+from .results import Result, atomic_write_text
+
+
+@dataclass(frozen=True)
+class Sizes:
+    batch: int  # the workbook's default per-GPU batch
+    big_batch: int  # the larger-batch rung
+    steps: int  # steps of every rung at `batch` (the same for all, so their losses compare)
+    big_steps: int  # steps at `big_batch`
+    warmup: int  # untimed steps first (compiled rungs: at least engine.COMPILE_WARMUP)
+    model: str
+    train_size: int | None
+    budget_s: float  # rungs that would start after this many seconds are skipped (a time cap for the whole ladder)
+
+
+GPU = Sizes(batch=256, big_batch=1024, steps=150, big_steps=60, warmup=10, model="resnet18", train_size=None,
+            budget_s=330)
+SMALL = Sizes(batch=16, big_batch=64, steps=8, big_steps=4, warmup=2, model="resnet18_imagenet", train_size=256,
+              budget_s=240)
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    change: str  # what this rung changes, in the learner's words
+    overrides: dict = field(default_factory=dict)
+    on: str | None = None  # a row beside the ladder: the rung it changes (None: on top of the previous rung)
+    cpu_note: str | None = None  # why it can't run on a CPU (None: it can)
+    bare: bool = False  # the ceiling row: a bare loop instead of the engine
+
+
+def rungs(sizes: Sizes) -> list[Rung]:
+    return [
+        Rung("fp32", "fp32, TF32 off: the honest baseline", {"precision": "fp32"}),
+        Rung("tf32", "TF32: fp32 matmuls and convolutions on tensor cores", {"precision": "tf32"},
+             cpu_note="TF32 is a mode of NVIDIA tensor cores"),
+        Rung("bf16", "bf16 autocast", {"precision": "bf16"}),
+        Rung("channels_last", "channels_last (NHWC) memory layout", {"channels_last": True}),
+        Rung("fused_adamw", "fused AdamW (one kernel) instead of foreach", {"optimizer_impl": "fused"}),
+        Rung("compile", "torch.compile, mode default", {"compile": True}),
+        Rung("reduce_overhead", "compile mode reduce-overhead: CUDA graphs", {"compile_mode": "reduce-overhead"},
+             cpu_note="CUDA graphs need a GPU"),
+        Rung("big_batch", f"batch {sizes.batch} -> {sizes.big_batch}", {"batch_size": sizes.big_batch}),
+        Rung("gpu_resident", "GPU-resident input and augmentation (notebook 03)", {"loader": "gpu_resident"}),
+        Rung("last_small_batch", f"beside the ladder: the last rung at batch {sizes.batch}", {"batch_size": sizes.batch},
+             on="gpu_resident"),
+        Rung("bare_loop", "ceiling: the last rung's compiled step in a bare loop", on="gpu_resident", bare=True),
+        Rung("fp16", "beside the ladder: fp16 + GradScaler instead of bf16", {"precision": "fp16"}, on="bf16",
+             cpu_note="fp16 autocast needs a CUDA GPU here"),
+    ]
+
+
+def base_config(sizes: Sizes, overrides: dict | None = None) -> TrainConfig:
+    """The fp32 rung: what every later rung changes one key at a time."""
+    return TrainConfig(**{
+        "dataset": "shapes", "model": sizes.model, "train_size": sizes.train_size, "batch_size": sizes.batch,
+        "optimizer_impl": "foreach", "num_workers": default_workers(), "eval": False, "tensorboard": False,
+        "progress": False, "resume": False, "timing_warmup": sizes.warmup, "log_every": sizes.steps,
+        "out_dir": "runs/04_ladder", **(overrides or {})})
+
+
+def configs(sizes: Sizes, overrides: dict | None = None, device: str = "cuda",
+            compile_on_cpu: bool = False) -> list[tuple[Rung, TrainConfig, str | None]]:
+    """Every rung with its config and why it is skipped on `device` (None: it runs). A skipped rung of the
+    ladder adds nothing to the rungs above it."""
+    base = base_config(sizes, overrides)
+    out, current, by_name = [], base, {}
+    for rung in rungs(sizes):
+        start = by_name[rung.on] if rung.on else current
+        cfg = start.replace(**rung.overrides)
+        steps = sizes.big_steps if cfg.batch_size == sizes.big_batch else sizes.steps
+        # the batches DataLoader workers load before the clock starts are left out of the timing (as the bench does)
+        ahead = 0 if cfg.loader == "gpu_resident" else cfg.num_workers * cfg.prefetch_factor
+        cfg = cfg.replace(steps=steps + ahead, timing_warmup=sizes.warmup + ahead, out_dir=f"{base.out_dir}/{rung.name}")
+        reason = None
+        if device != "cuda" and rung.cpu_note:
+            reason = rung.cpu_note
+        elif device != "cuda" and cfg.compile and not compile_on_cpu:
+            reason = "torch.compile takes minutes on a small CPU (compile_on_cpu=True includes it)"
+        by_name[rung.name] = cfg
+        if rung.on is None and reason is None:
+            current = cfg
+        out.append((rung, cfg, reason))
+    return out
+
+
+def run(sizes: Sizes = GPU, overrides: dict | None = None, only: list[str] | None = None,
+        compile_on_cpu: bool = False, quiet: bool = False) -> list[dict]:
+    """Measure the ladder in this process; one row (a dict) per rung, skipped ones with their reason."""
+    plan = configs(sizes, overrides, device_type(overrides), compile_on_cpu)
+    unknown = set(only or []) - {r.name for r, _, _ in plan}
+    if unknown:
+        raise UserError(f"no rung named {sorted(unknown)[0]!r}; the rungs are {', '.join(r.name for r, _, _ in plan)}")
+    rows, start = [], time.perf_counter()
+    for rung, cfg, reason in plan:
+        if only and rung.name not in only:
+            continue
+        if reason is None and time.perf_counter() - start > sizes.budget_s:
+            reason = f"the ladder's time budget ({sizes.budget_s:.0f} s) was spent"
+        row = skipped_row(rung, cfg, reason) if reason else measure(rung, cfg)
+        rows.append(row)
+        if not quiet:
+            print(row_line(row), flush=True)
+    add_speedups(rows)
+    return rows
+
+
+def device_type(overrides: dict | None = None) -> str:
+    """'cuda' where the rungs will run on a GPU (device=auto with one visible, or device=cuda), else 'cpu'."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() and (overrides or {}).get("device", "auto") != "cpu" else "cpu"
+
+
+def measure(rung: Rung, cfg: TrainConfig) -> dict:
+    """One rung: a training run (or the bare loop) from a clean compiler cache, its figures as a row."""
+    import torch
+
+    from . import engine
+
+    if cfg.compile:
+        torch._dynamo.reset()  # each compiled rung compiles afresh: its compile time is its own
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):  # the run's own "step k/N loss" line
+        result = bare_loop(cfg) if rung.bare else engine.train(cfg)
+    return row(rung, cfg, result, time.perf_counter() - t0)
+
+
+def bare_loop(cfg: TrainConfig) -> Result:
+    """The ceiling: the engine's model (compiled as cfg says), optimizer and input, stepped by the smallest
+    loop that trains: no scheduler, loss log, progress, profiler hook, signal handling or checkpoints. Timed
+    with the engine's StepMeter (one CUDA event per step), so the two figures compare."""
+    import statistics
+
+    import torch
+    import torch.nn.functional as F
+
+    from . import data, engine, models, peaks
+
+    with engine.prepared_run(cfg) as r:
+        model, opt, batches = r.model, r.opt, r.batches()
+        skip = max(cfg.timing_warmup, engine.COMPILE_WARMUP) if cfg.compile else cfg.timing_warmup  # as Run.fit
+        meter = engine.StepMeter(r.device, skip=skip, time_first=cfg.compile)
+        meter.start()
+        for _ in range(cfg.steps):
+            x, y = next(batches)
+            with engine.autocast(cfg, r.device):
+                loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            meter.step_end()
+        times = meter.step_times_ms()
+        median = statistics.median(times)
+        channels, size, *_ = data.SPECS[cfg.dataset]
+        flops = models.flops_per_image(cfg.model, data.num_classes(cfg.dataset), (channels, size, size))
+        device = engine.device_name(r.device)
+        peak = torch.cuda.max_memory_allocated(r.device) / 2**20 if r.device.type == "cuda" else None
+        return Result(
+            config=cfg.to_dict(), device=device, world_size=1, steps=cfg.steps, global_batch=r.batch_size,
+            throughput_img_s=r.batch_size / (median / 1000),
+            step_time_ms={"median": median, "p10": engine.percentile(times, 0.1), "p90": engine.percentile(times, 0.9),
+                          "timed_steps": len(times), "slowest_rank_median": median, "mean": statistics.fmean(times)},
+            data_wait_ms=0.0, loss=[], final_loss=loss.item(), val_accuracy=None, peak_memory_mb=peak,
+            param_checksums=[], resumed_from_step=None, wall_time_s=0.0, torch_version=torch.__version__,
+            compile_time_s=meter.first_step_s, flops_per_image=flops,
+            mfu=peaks.mfu(r.batch_size / (median / 1000), flops, device, cfg.precision))
+
+
+# ------------------------------------------------------------------------------------------------ rows
+def row(rung: Rung, cfg: TrainConfig, res: Result, wall_s: float) -> dict:
+    """A rung's figures. img/s from the MEAN step time, so that steps that waited for data count (a median
+    hides them when fewer than half the steps wait); MFU likewise."""
+    t = res.step_time_ms
+    img_s = res.global_batch / (t["mean"] / 1000) if t.get("mean") else res.throughput_img_s
+    mfu = res.mfu * img_s / res.throughput_img_s if res.mfu and res.throughput_img_s else res.mfu
+    return {"rung": rung.name, "change": rung.change, "batch": cfg.batch_size, "steps": res.steps,
+            "img_s": img_s, "step_ms": t["median"], "step_ms_p10": t["p10"], "step_ms_p90": t["p90"],
+            "data_wait_ms": res.data_wait_ms, "peak_mb": res.peak_memory_mb, "mfu": mfu, "compile_s": res.compile_time_s,
+            "final_loss": res.final_loss, "loss": res.loss, "fp16_skipped_steps": res.fp16_skipped_steps,
+            "device": res.device, "wall_s": wall_s, "skipped": None}
+
+
+def skipped_row(rung: Rung, cfg: TrainConfig, reason: str) -> dict:
+    return {"rung": rung.name, "change": rung.change, "batch": cfg.batch_size, "steps": 0, "skipped": reason}
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """Each measured row's speed-up over the fp32 row (None when fp32 was not measured)."""
+    base = next((r["img_s"] for r in rows if r["rung"] == "fp32" and not r["skipped"]), None)
+    for r in rows:
+        if not r["skipped"]:
+            r["speedup"] = r["img_s"] / base if base else None
+
+
+# ------------------------------------------------------------------------------------------------ as a batch job
+def job_sweep(sizes: Sizes, overrides: dict | None = None, device: str = "cuda") -> tuple[TrainConfig, list[dict]]:
+    """The ladder as a job array (tl.jobs.write(..., sweep=points)): the base config, and one point per rung
+    that runs on `device` with the keys it changes (its out_dir included). The bare loop is not a training
+    run: it stays out. Workers are left to the job (one per CPU it gets)."""
+    base = base_config(sizes, overrides).replace(num_workers=TrainConfig().num_workers)
+    points = []
+    # untimed: the batches up to 8 workers (the most default_workers() gives) load ahead, wherever the job runs
+    for rung, cfg, reason in configs(sizes, {**(overrides or {}), "num_workers": 8}, device):
+        if reason is None and not rung.bare:
+            cfg = cfg.replace(num_workers=base.num_workers)
+            points.append({k: v for k, v in cfg.to_dict().items() if v != getattr(base, k)})
+    return base, points
+
+
+def gather(out_dir: str | Path, sizes: Sizes) -> list[dict]:
+    """Rows from the result.json of each rung's folder under out_dir (a job array's tasks, or ladder runs)."""
+    from .results import load_result
+
+    rows = []
+    for rung in rungs(sizes):
+        folder = Path(out_dir) / rung.name
+        if (folder / "result.json").is_file():
+            res = load_result(folder)
+            rows.append(row(rung, TrainConfig(**res.config), res, res.wall_time_s))
+    add_speedups(rows)
+    return rows
+
+
+def _fmt(v, spec: str, none: str = "n/a") -> str:
+    return none if v is None else format(v, spec)
+
+
+def row_line(r: dict) -> str:
+    if r["skipped"]:
+        return f"{r['rung']:15s} skipped: {r['skipped']}"
+    return (f"{r['rung']:15s} {r['img_s']:>9,.0f} img/s  step {r['step_ms']:.1f} ms  peak {_fmt(r['peak_mb'], ',.0f')} MB"
+            f"  MFU {_fmt(r['mfu'] and 100 * r['mfu'], '.0f')}%  compile {_fmt(r['compile_s'], '.0f', '-')} s"
+            f"  loss {r['final_loss']:.3f}  ({r['wall_s']:.0f} s)")
+
+
+def markdown(rows: list[dict]) -> str:
+    """The ladder as a markdown table (the notebook, docs/performance.md and the GPU script print it)."""
+    head = ["rung", "change", "batch", "img/s", "x fp32", "step ms: median (p10-p90)", "data wait ms", "peak MB",
+            "MFU", "compile s", "loss after steps"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r["skipped"]:
+            cells = [r["rung"], r["change"], str(r["batch"]), f"skipped: {r['skipped']}", *[""] * 7]
+        else:
+            cells = [r["rung"], r["change"], str(r["batch"]), f"{r['img_s']:,.0f}", _fmt(r.get("speedup"), ".2f"),
+                     f"{r['step_ms']:.2f} ({r['step_ms_p10']:.2f}-{r['step_ms_p90']:.2f})",
+                     _fmt(r.get("data_wait_ms"), ".2f"), _fmt(r["peak_mb"], ",.0f"), _fmt(r["mfu"] and 100 * r["mfu"], ".1f", "n/a") +
+                     ("%" if r["mfu"] else ""), _fmt(r["compile_s"], ".1f", "-"),
+                     f"{r['final_loss']:.3f} after {r['steps']}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def save(rows: list[dict], out_dir: str | Path, traces: dict | None = None) -> tuple[Path, Path]:
+    """ladder.json (every row, loss curves included, and the trace summaries) and ladder.md (the table)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return (atomic_write_text(out / "ladder.json", json.dumps({"rows": rows, "traces": traces or {}}, indent=1)),
+            atomic_write_text(out / "ladder.md", markdown(rows) + "\n"))
+
+
+# ------------------------------------------------------------------------------------------------ evidence
+TRACED = ("channels_last", "gpu_resident", "last_small_batch")  # the bf16 eager step; the last rung (CUDA graphs) at 1024 and 256
+
+
+def trace_breakdown(cfg: TrainConfig) -> dict:
+    """Profile a few steps of `cfg` (after its compile and graph recording) and summarise the trace offline,
+    as notebook 02 does: each part's share of the step, and the kernels that take the GPU's time."""
+    import torch
+
+    from . import engine, trace_summary
+
+    prof = cfg.replace(profile=True, profile_wait=6, profile_warmup=2, profile_active=3, steps=12,
+                       profile_memory=False, profile_record_shapes=False, out_dir=f"{cfg.out_dir}_trace")
+    if prof.compile:
+        torch._dynamo.reset()
+    with contextlib.redirect_stdout(io.StringIO()):
+        engine.train(prof)
+    s = trace_summary.summarize(prof.out_dir)[0]
+    parts = s.parts_ms
+    busy = sum(k["ms"] for k in s.top_kernels) or 1.0
+    return {"device": s.device, "view": s.view, "batch": cfg.batch_size, "step_ms": s.step_ms, "bottleneck": s.bottleneck,
+            "shares": {p: parts[p] / s.step_ms for p in trace_summary.PARTS},
+            "top_kernels": [{"name": k["name"][:120], "calls": k["calls"], "ms": k["ms"], "of_busy": k["ms"] / busy}
+                            for k in s.top_kernels[:8]]}
+
+
+def traces(sizes: Sizes, overrides: dict | None = None) -> dict:
+    """trace_breakdown of the TRACED rungs (a GPU view on a GPU; on a CPU the host view, uncompiled)."""
+    plan = {rung.name: cfg for rung, cfg, _ in configs(sizes, overrides, device_type(overrides))}
+    out = {}
+    for name in TRACED:
+        try:
+            out[name] = trace_breakdown(plan[name])
+        except Exception as e:  # the ladder's rows are measured already: keep them, and say what failed
+            out[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+    return out
+
+
+def headline(rows: list[dict]) -> dict:
+    """The figures the issue's targets are about, from the rows (None where a row is missing)."""
+    got = {r["rung"]: r for r in rows if not r["skipped"]}
+    last = got.get("gpu_resident")
+
+    def ratio(a, b):
+        return got[a]["img_s"] / got[b]["img_s"] if a in got and b in got else None
+    return {"fp32_img_s": got["fp32"]["img_s"] if "fp32" in got else None,
+            "last_img_s": last["img_s"] if last else None, "last_speedup": ratio("gpu_resident", "fp32"),
+            "last_mfu": last["mfu"] if last else None, "engine_over_bare_loop": ratio("gpu_resident", "bare_loop"),
+            "b256_over_big_batch": ratio("last_small_batch", "gpu_resident")}
+
+
+def card_slug(device: str) -> str:
+    """'h100' for 'NVIDIA H100 80GB HBM3', 'h200' for 'NVIDIA H200': the card in a reference file's name."""
+    m = re.search(r"\b([A-Z]\d{2,3})\b", device.upper())
+    return m.group(1).lower() if m else re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_")
+
+
+def reference_figures(rows: list[dict], trace: dict) -> dict:
+    """What the GPU script records as notebooks/reference/04_ladder*.json: the headline figures, every row (loss
+    curves only for the precision rows the notebook plots) and the trace summaries."""
+    keep = {"fp32", "bf16", "fp16"}
+    slim = [{k: v for k, v in r.items() if k != "loss" or r["rung"] in keep} for r in rows]
+    return {**headline(rows), "rows": slim, "traces": trace}
+
+
+# ------------------------------------------------------------------------------------------------ docs/performance.md
+def _pct(v) -> str:
+    return "n/a" if v is None else f"{100 * v:.0f}%"
+
+
+def limits_section(figures: dict) -> list[str]:
+    """'What limits the last rung', from the trace summaries the GPU script recorded."""
+    tr = {k: v for k, v in (figures.get("traces") or {}).items() if "error" not in v}
+    if "gpu_resident" not in tr:
+        why = (figures.get("traces") or {}).get("gpu_resident", {}).get("error", "no trace was recorded")
+        return [f"(no trace of the last rung: {why})"]
+    last, eager = tr["gpu_resident"], tr.get("channels_last")
+    shares = ", ".join(f"{p} {_pct(v)}" for p, v in sorted(last["shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
+    clock = "the GPU's clock" if last["view"] == "gpu" else "the host's clock"
+    out = [f"A profiled run of the last rung ({last['step_ms']:.2f} ms per step on {clock}, offline summary "
+           f"of `tutorial_lib.trace_summary`): {shares}; the largest part is **{last['bottleneck']}**."]
+    if eager:
+        out.append(f"The bf16 eager step (rung channels_last) was idle {_pct(eager['shares']['idle'])} of its "
+                   f"{eager['step_ms']:.2f} ms (the CPU launching kernels one by one); the compiled CUDA-graph step is idle "
+                   f"{_pct(last['shares']['idle'])}.")
+    small = tr.get("last_small_batch")
+    if small:
+        out.append(f"The same step at batch {small.get('batch', 'n/a')} "
+                   f"({small['step_ms']:.2f} ms): " + ", ".join(f"{p} {_pct(v)}" for p, v in
+                   sorted(small["shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005) + ".")
+    out += ["", "| GPU kernel of the last rung | calls/step | ms/step | of GPU busy |", "|---|---|---|---|"]
+    out += [f"| `{k['name'][:90]}` | {k['calls']:g} | {k['ms']:.3f} | {_pct(k['of_busy'])} |" for k in last["top_kernels"]]
+    out.append("\nHow far each kernel is from its own roofline needs its FLOPs and bytes per call (Nsight Compute, "
+               "`ncu`); the trace gives its time only.")
+    return out
+
+
+def bench_section(figures: dict) -> list[str]:
+    bench = figures.get("bench_optimized")
+    if not bench:
+        return []
+    out = ["", "Notebook 03's bench at `configs/optimized.yaml` (img/s):", "",
+           "| loader | IO | SYNTHETIC | FULL | FULL / SYNTHETIC |", "|---|---|---|---|---|"]
+    out += [f"| {name} | {b['io']:,.0f} | {b['synthetic']:,.0f} | {b['full']:,.0f} | {b['full_over_synthetic']:.2f} |"
+            for name, b in bench.items()]
+    return out
+
+
+def performance_doc(records: list[dict]) -> str:
+    """docs/performance.md: the ladder of each reference record (one per card), its targets and its limits."""
+    out = ["# Performance: notebook 04's optimization ladder on real cards", "",
+           "Generated by `scripts/gpu/ladder.sh` (`python -m tutorial_lib ladder --trace --reference`) from "
+           "`notebooks/reference/04_ladder_<card>.json`; `python scripts/performance_doc.py` renders it again. "
+           "Every row is a training run of the CIFAR-stem ResNet-18 on the generated `shapes` set, one change on "
+           "top of the row above, in one process on one card. MFU is the achieved FLOP/s (FLOPs counted by "
+           "`torch.utils.flop_counter`) over the card's dense datasheet peak for the row's precision "
+           "(`tutorial_lib/peaks.py`)."]
+    for rec in records:
+        f = rec["figures"]
+        mean = all("data_wait_ms" in r for r in f["rows"] if not r["skipped"])  # records before the mean: median
+        out += ["", f"## {rec['card']} (torch {rec['torch']}, {rec['date']})", "",
+                f"img/s from the {'mean step time (waits for data included)' if mean else 'median step time'} "
+                "after the warm-up.", "", markdown(f["rows"]), ""]
+        speed = "n/a" if f.get("last_speedup") is None else f"{f['last_speedup']:.1f}x"
+        ratio = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
+        out.append(f"Targets: the last rung runs at {speed} the fp32 rung (target 12x) and {_pct(f.get('last_mfu'))} "
+                   f"MFU (target 45%); batch 256 reaches {ratio(f.get('b256_over_big_batch'))} of batch 1024 (target "
+                   f">= 0.85); the engine reaches {ratio(f.get('engine_over_bare_loop'))} of the bare loop (target >= 0.97).")
+        out += bench_section(f)
+        out += ["", "### What limits the last rung", "", *limits_section(f)]
+    if not records:
+        out += ["", "(no reference run yet: run scripts/gpu/ladder.sh on a GPU node)"]
+    return "\n".join(out) + "\n"
