@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .config import ROOT, ConfigError, TrainConfig, UserError, check_world, format_value, load, suggest
+from .config import ROOT, ConfigError, TrainConfig, UserError, check_one_line, check_world, format_value, load, suggest
 from .results import result_line  # noqa: F401  (tl.jobs.result_line: notebooks 01, 03)
 from .sites import ARRAY_RE, PATH_RE, Site, check_name, check_pattern, check_slurm_words, load_site, time_seconds
 from .slurm import Job, NoSlurm
@@ -175,8 +175,7 @@ def _training(cfg: TrainConfig, name: str, world_size: int, swept: set[str] = fr
     changed = {o.split("=", 1)[0] for o in cfg.to_overrides()}
     overrides = [o for o in cfg.to_overrides(only_changed=False) if o.split("=", 1)[0] in changed | shown]
     for item in overrides:
-        if "\n" in item or "\r" in item:
-            raise UserError(f"{item.split('=')[0]} contains a line break; give it on one line")
+        check_one_line(*item.split("=", 1))
     words = ["-m tutorial_lib train"]
     words += [shlex.quote(o) for o in overrides if not o.startswith("out_dir=")]
     if "num_workers" not in swept and not any(o.startswith("num_workers=") for o in overrides):
@@ -188,8 +187,8 @@ def _command(command: str | list[str]) -> Program:
     argv = shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
     if not argv:
         raise UserError("command is empty; give the program and its arguments, e.g. command='python train.py'")
-    if any("\n" in a for a in argv):
-        raise UserError("command contains a line break; give it on one line")
+    for word in argv:
+        check_one_line("command", word)
     python = os.path.basename(argv[0]) in ("python", "python3")
     words = [shlex.quote(a) for a in (argv[1:] if python else argv)]
     return Program(words or ["-c", "pass"], False, python, argv)
@@ -230,6 +229,10 @@ def sweep_points(sweep: dict[str, list] | list[dict] | None) -> list[dict[str, s
                 raise UserError(f"sweep[{key!r}] must be a non-empty list of values, e.g. {{'{key}': [32, 64]}}")
         sweep = [dict(zip(keys, values)) for values in itertools.product(*(sweep[k] for k in keys))]
     points = [{str(k): format_value(v) for k, v in point.items()} for point in sweep]
+    for point in points:
+        for key, value in point.items():
+            check_one_line(f"sweep key {key!r}", key)
+            check_one_line(key, value)
     if len(points) > 1000:
         raise UserError(f"the sweep has {len(points)} points; a job array of at most 1000 tasks, please")
     return points
@@ -258,6 +261,10 @@ def render(name: str, cfg: TrainConfig | None = None, *, site: str | None = None
     `sweep` ({key: [values]} or [{key: value}, ...]) turns the job into an array, one task per point.
     """
     check_name("name", name)
+    if description is not None:
+        check_one_line("description", str(description))
+    if site is not None:
+        check_one_line("site", str(site))
     if (cfg is None) == (command is None):
         raise UserError("give a TrainConfig (cfg) or a command, not both or neither")
     if sweep and cfg is None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .config import UserError
+from .config import UserError, check_one_line
 
 SITES_DIR = Path(__file__).resolve().parent / "sites"
 GPU_REQUESTS = ("gpus-per-node", "gres", "gpus")
@@ -128,6 +128,10 @@ def load_site(name: str | os.PathLike | None = None) -> Site:
 def _check_site(site: Site, path: Path) -> Site:
     where = f"site profile {path}: "
     try:
+        for key in ("description", "shell", "launcher"):  # setup is shell lines by design
+            if not isinstance(getattr(site, key), str):
+                raise UserError(f"{key}={getattr(site, key)!r} must be text (quote it)")
+            check_one_line(key, getattr(site, key))
         if site.gpu_request not in GPU_REQUESTS:
             raise UserError(f"gpu_request={site.gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
         for key in ("gpus_per_node", "cpus_per_gpu", "max_nodes"):
