@@ -105,6 +105,9 @@ def resolve(r: Resources, site: Site) -> Resources:
                            "e.g. jobs/logs/%x-%j.out (%x job name, %j job id, %A_%a array job and task)")
     if r.array is not None:
         check_pattern("array", r.array, ARRAY_RE, "task ids like 0-7, 1,3,5 or 0-15%4", "e.g. array=0-3")
+        for first, last in re.findall(r"([0-9]+)-([0-9]+)", r.array):
+            if int(first) > int(last):
+                raise UserError(f"array={r.array!r}: the range {first}-{last} runs backwards; write {last}-{first}")
     if r.requeue is not None and not (isinstance(r.requeue, int) and 10 <= r.requeue < min(seconds, 65536)):
         raise UserError(f"requeue={r.requeue!r}: give the seconds before the time limit ({r.time}, {seconds} s) "
                         "at which to checkpoint and requeue, at least 10 and less than the time limit, e.g. "
@@ -326,7 +329,19 @@ def _context(name, site, r, program, points, cfg, description) -> dict[str, Any]
         "out_dir": program.out_dir, "sweep": sweep, "gpu_monitor": r.gpu_monitor, "requeue": r.requeue,
         "monitor_csv": _monitor_csv(program), "line_profile": bool(r.line_profile), "background": background,
         "launcher": f"{site.launcher} " if site.launcher else "", "command": runner, "nsys": r.nsys,
+        "tools": _tools(r, site),
     }
+
+
+def _tools(r: Resources, site: Site) -> list[tuple[str, str]]:
+    """Programs the job runs that a node may lack, each with how to get it (checked at the top of the job)."""
+    where = f"add what provides it to the setup of site profile '{site.name}'"
+    tools = []
+    if r.nsys:
+        tools.append(("nsys", f"{where} (e.g. module load nsight-systems, or the CUDA module that ships it)"))
+    if r.line_profile:
+        tools.append(("kernprof", f"pip install line_profiler into the environment that {where} activates"))
+    return tools
 
 
 def _runner(r: Resources, program: Program, site: Site) -> str:
@@ -465,9 +480,13 @@ def write(name: str, cfg: TrainConfig | None = None, *, site: str | None = None,
     """
     text = render(name, cfg, site=site, command=command, sweep=sweep, description=description, **resource_values)
     path = Path(jobs_dir) if jobs_dir is not None else JOBS_DIR
-    path.mkdir(parents=True, exist_ok=True)
-    path = path / f"{name}.sbatch"
-    path.write_text(text)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        path = path / f"{name}.sbatch"
+        path.write_text(text)
+    except OSError as e:
+        raise UserError(f"can't write {path} ({e.strerror}); give a jobs folder you can write (jobs_dir=, "
+                        "--jobs-dir)") from None
     if show:
         print(f"# {shown_path(path)}\n{text}", end="")
     return path
@@ -484,7 +503,14 @@ def render_record(path: str | os.PathLike) -> dict:
     """The render arguments recorded in a file written by `write` (its `# workbook-render:` line)."""
     for line in Path(path).read_text().splitlines():
         if line.startswith(RENDER_MARK):
-            return json.loads(line[len(RENDER_MARK):])
+            try:
+                record = json.loads(line[len(RENDER_MARK):])
+            except ValueError as e:
+                record = e
+            if not (isinstance(record, dict) and {"name", "site", "resources"} <= set(record)):
+                raise UserError(f"{path}: its '{RENDER_MARK.strip()}' line is damaged (edited by hand?); render the "
+                                "file again from its notebook, or restore it with `git checkout`")
+            return record
     raise UserError(f"{path} has no '{RENDER_MARK.strip()}' line: it was not written by tutorial_lib.jobs")
 
 
@@ -499,6 +525,9 @@ def rerender(path: str | os.PathLike) -> str:
 def stale(jobs_dir: str | os.PathLike | None = None) -> list[Path]:
     """The jobs/*.sbatch files whose text differs from what their record renders today."""
     folder = Path(jobs_dir) if jobs_dir is not None else JOBS_DIR
+    if not folder.is_dir():
+        raise UserError(f"jobs folder {str(folder)!r} does not exist; give the folder of the .sbatch files "
+                        "(default: the workbook's jobs/)")
     return [p for p in sorted(folder.glob("*.sbatch")) if p.read_text() != rerender(p)]
 
 
