@@ -306,7 +306,7 @@ def _load_yaml(p: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(p)!r} does not exist; check the path (the workbook's named configs: "
                           f"{named})")
     try:
-        loaded = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        loaded = yaml.load(p.read_text(encoding="utf-8"), Loader=_strict_loader()) or {}
     except UnicodeDecodeError as e:
         raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     except yaml.YAMLError as e:
@@ -319,6 +319,23 @@ def _load_yaml(p: Path) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a mapping of key: value, not {type(loaded).__name__}")
     return loaded
+
+
+def _strict_loader():
+    """YAML's safe loader without YAML 1.1's number surprises: `12:30` (base 60), `0x1F`, `0o17` and `012`
+    (octal) stay text, which the field's type then reads or refuses; `1e-3` is a number."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+    int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+    Loader.yaml_implicit_resolvers = {first: [(tag, rx) for tag, rx in rules if tag not in (int_tag, float_tag)]
+                                      for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver(int_tag, re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
+    Loader.add_implicit_resolver(float_tag, re.compile(r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
+                                                       r"|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"), list("-+0123456789."))
+    Loader.add_constructor(int_tag, lambda loader, node: int(loader.construct_scalar(node)))  # 012 is 12
+    return Loader
 
 
 def _default(key: str) -> Any:
@@ -365,8 +382,8 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
     true/false/yes/no/on/off/1/0; `null` is None where the field allows None."""
     kind = str(f.type)
     expected = kind.split(" ")[0]
-    if isinstance(value, str) and value.strip() == "null" and "None" in kind:
-        value = None
+    if isinstance(value, str) and value.strip() == "null" and ("None" in kind or expected != "str"):
+        value = None  # a string field keeps the text "null"
     if value is None:
         if "None" in kind:
             return None
