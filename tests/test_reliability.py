@@ -349,10 +349,11 @@ env = distributed.setup("ddp", "cpu", timeout_s=3)
 if env.rank == 1:
     time.sleep(12)  # a stalled rank: it answers nothing for longer than the timeout
     sys.exit(0)
+t0 = time.time()
 try:
     distributed.any_rank(False, env)
 except UserError as e:
-    print("USERERROR", e)
+    print("USERERROR", round(time.time() - t0, 1), e)
 """
 
 
@@ -366,13 +367,12 @@ def test_a_stalled_rank_is_named_after_dist_timeout_s(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     ranks = [subprocess.Popen([sys.executable, str(script), str(r), port], stdout=subprocess.PIPE, text=True,
                               env=env) for r in (0, 1)]
-    t0 = time.time()
-    out = ranks[0].communicate(timeout=60)[0]
-    waited = time.time() - t0
+    out = ranks[0].communicate(timeout=90)[0]
     ranks[1].kill()
-    line = next(l for l in out.splitlines() if l.startswith("USERERROR"))
-    assert "rank 0: all_reduce (stop check) failed: rank 1 did not answer within dist_timeout_s=3 s" in line
-    assert waited < 12  # it did not wait for the stalled rank
+    _, waited, message = next(l for l in out.splitlines() if l.startswith("USERERROR")).split(" ", 2)
+    assert message.startswith("rank 0: all_reduce (stop check) failed: rank 1 did not answer within "
+                              "dist_timeout_s=3 s")
+    assert float(waited) < 11  # the timeout and a short grace, not the 12 s of the stalled rank
 
 
 @pytest.mark.parametrize("line,message", [
