@@ -35,7 +35,7 @@ def read_checkpoint(path: Path, device: torch.device) -> dict:
     fix = "move it away, or give resume=false to start afresh (it is then overwritten)"
     try:
         state = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, ... by the kind of damage  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001  (RuntimeError, UnpicklingError, EOFError, ...: by the kind of damage)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
         raise UserError(f"{path} can't be read as a checkpoint (truncated, empty, or not written by the workbook: "
                         f"{first}); {fix}") from None
@@ -53,10 +53,11 @@ def _write_error(path: Path, tmp: Path, e: Exception) -> str:
         full = False
     tmp.unlink(missing_ok=True)
     kept = f"the previous checkpoint {path} is kept" if path.is_file() else "no earlier checkpoint exists"
+    fix = f"{kept}. Free space or use another out_dir"
     if getattr(e, "errno", None) == errno.EDQUOT:
-        return f"disk quota exceeded on {path.parent} while writing the checkpoint; {kept}. Free space or use another out_dir"
+        return f"disk quota exceeded on {path.parent} while writing the checkpoint; {fix}"
     if getattr(e, "errno", None) == errno.ENOSPC or full:
-        return f"no space left on {path.parent} while writing the checkpoint; {kept}. Free space or use another out_dir"
+        return f"no space left on {path.parent} while writing the checkpoint; {fix}"
     return f"could not write the checkpoint {path} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); {kept}"
 
 

@@ -240,10 +240,10 @@ class TrainConfig:
 # same data. Every other field changes what is trained, so resume compares it with the checkpoint's.
 RESUME_MAY_CHANGE = ("steps", "epochs", "data_dir", "out_dir", "resume", "ckpt_every", "timing_warmup", "log_every",
                      "eval", "val_size", "tensorboard", "progress", "num_workers", "pin_memory", "persistent_workers",
-                     "prefetch_factor", "device", "dist_timeout_s", "cudnn_benchmark", "compile", "compile_mode", "ddp_bucket_cap_mb",
-                     "ddp_static_graph", "ddp_gradient_as_bucket_view", "profile", "profile_wait", "profile_warmup",
-                     "profile_active", "profile_repeat", "profile_memory", "profile_with_stack",
-                     "profile_record_shapes", "nvtx")
+                     "prefetch_factor", "device", "dist_timeout_s", "cudnn_benchmark", "compile", "compile_mode",
+                     "ddp_bucket_cap_mb", "ddp_static_graph", "ddp_gradient_as_bucket_view", "profile",
+                     "profile_wait", "profile_warmup", "profile_active", "profile_repeat", "profile_memory",
+                     "profile_with_stack", "profile_record_shapes", "nvtx")
 
 
 def resume_differences(saved: dict[str, Any], cfg: TrainConfig) -> list[str]:
@@ -332,8 +332,8 @@ def _strict_loader():
     Loader.yaml_implicit_resolvers = {first: [(tag, rx) for tag, rx in rules if tag not in (int_tag, float_tag)]
                                       for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()}
     Loader.add_implicit_resolver(int_tag, re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
-    Loader.add_implicit_resolver(float_tag, re.compile(r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
-                                                       r"|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"), list("-+0123456789."))
+    number = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"
+    Loader.add_implicit_resolver(float_tag, re.compile(number), list("-+0123456789."))
     Loader.add_constructor(int_tag, lambda loader, node: int(loader.construct_scalar(node)))  # 012 is 12
     return Loader
 
@@ -387,7 +387,8 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
     if value is None:
         if "None" in kind:
             return None
-        raise ConfigError(f"{f.name}=None is not allowed; give {'an' if expected == 'int' else 'a'} {expected} (default {format_value(f.default)})")
+        article = "an" if expected == "int" else "a"
+        raise ConfigError(f"{f.name}=None is not allowed; give {article} {expected} (default {format_value(f.default)})")
     typed = {"bool": _as_bool, "int": _as_int, "float": _as_float, "str": _as_str}[expected](value)
     if typed is None:
         example = {"bool": "true or false", "int": "a whole number in decimal digits, e.g. 64",
