@@ -70,9 +70,10 @@ def test_checkpoint_write_is_atomic(tiny_cfg, tmp_path, monkeypatch):
         raise OSError("disk full")
     monkeypatch.setattr(torch, "save", crash)
     run = Run(cfg.replace(steps=6), engine.distributed.setup("none", "cpu"))
-    with pytest.raises(OSError):
+    with pytest.raises(engine.UserError, match="could not write the checkpoint"):
         run.save_checkpoint()
     assert ckpt.read_bytes() == before  # the old checkpoint survives a failed write
+    assert not ckpt.with_name("checkpoint.pt.tmp").exists()
 
 
 def test_resume_refuses_a_different_run(tiny_cfg):
@@ -92,9 +93,9 @@ def test_sigusr1_checkpoints_and_exits_3(tmp_path):
             break
     out, err = p.communicate(timeout=120)
     assert p.returncode == engine.EXIT_PREEMPTED, err
-    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert 3 <= state["step"] < 400
-    assert "preempted: checkpoint at step" in out
+    assert "stopped by SIGUSR1: checkpoint at step" in out
 
 
 def test_dataparallel_on_cpu_runs_with_a_note(tiny_cfg, capsys):

@@ -19,6 +19,7 @@ import argparse
 import os
 import shlex
 import sys
+import time
 from dataclasses import fields
 
 from .config import UserError, key_help, load
@@ -48,13 +49,15 @@ def train(argv: list[str]) -> int:
     cfg = load(args.config, args.overrides)  # bad input fails here, before torch is imported
     from . import engine
 
+    started = time.time()
     try:
         result = engine.train(cfg)
     except engine.Preempted:
         return engine.EXIT_PREEMPTED
     if os.environ.get("RANK", "0") == "0":
         print(result.summary())
-        print(f"wrote {cfg.out_dir}/result.json")
+        written = os.path.getmtime(os.path.join(cfg.out_dir, "result.json")) >= started  # not for a finished run
+        print(f"{'wrote' if written else 'kept'} {cfg.out_dir}/result.json")
     return 0
 
 

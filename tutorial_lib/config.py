@@ -7,7 +7,9 @@ This module never imports torch, so job rendering (`tutorial_lib.jobs`) can use 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -117,6 +119,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model
     compile_mode: str = "default"  # reduce-overhead records CUDA graphs (removes kernel-launch cost)
     parallel: str = "none"  # none, dp (nn.DataParallel in one process) or ddp (one process per device)
+    dist_timeout_s: int = 300  # seconds a rank waits in a collective for the others before the run fails
     ddp_bucket_cap_mb: int = 25  # size of DDP's gradient buckets, each all-reduced as one message
     ddp_static_graph: bool = False  # tell DDP the graph never changes (skips per-step bookkeeping)
     ddp_gradient_as_bucket_view: bool = True  # gradients live in DDP's buckets (no extra copy)
@@ -131,7 +134,7 @@ class TrainConfig:
     device: str = "auto"  # auto: a GPU when one is visible, else the CPU
     seed: int = 0  # model initialisation, data order, augmentation
     out_dir: str = "runs/default"  # result.json, checkpoint.pt, TensorBoard logs (tb/) and traces go here
-    ckpt_every: int = 0  # steps between checkpoints, and one at the end (0: none, except on preemption)
+    ckpt_every: int = 0  # steps between checkpoints, and one at the end (0: none, except on a stop signal)
     resume: bool = True  # continue from out_dir/checkpoint.pt when it exists
     timing_warmup: int = 5  # steps left out of the throughput figures
     log_every: int = 10  # steps between loss lines, TensorBoard points and stop checks
@@ -154,10 +157,13 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> "TrainConfig":
-        """Check every field on its own; raises ConfigError with a one-line message."""
+        """Coerce every field to its type the way the command line does (eval="false" is False, lr="1e-3" is
+        0.001), then check it; raises ConfigError with a one-line message."""
+        for f in fields(self):
+            setattr(self, f.name, _coerce(f, getattr(self, f.name)))
         for name, allowed in CHOICES.items():
             _choice(name, getattr(self, name), allowed)
-        for name in ("batch_size", "epochs", "prefetch_factor", "log_every", "ddp_bucket_cap_mb",
+        for name in ("batch_size", "epochs", "prefetch_factor", "log_every", "ddp_bucket_cap_mb", "dist_timeout_s",
                      "profile_active", "profile_repeat"):
             _positive(name, getattr(self, name))
         for name in ("steps", "global_batch_size", "train_size", "val_size"):
@@ -169,6 +175,12 @@ class TrainConfig:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
         if not self.lr > 0:
             raise ConfigError(f"lr={self.lr!r} must be > 0 (e.g. lr=0.1 for SGD, lr=1e-3 for AdamW)")
+        if not self.weight_decay >= 0:
+            raise ConfigError(f"weight_decay={self.weight_decay!r} must be >= 0 (e.g. 0.05; 0 turns it off)")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"momentum={self.momentum!r} must be in [0, 1) (e.g. 0.9; 0 turns it off)")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed={self.seed!r} must be in [0, 2**63) (e.g. seed=0)")
         if self.model == "mnist_cnn" and self.dataset not in ("mnist",):
             raise ConfigError(f"model='mnist_cnn' expects 1x28x28 images but dataset={self.dataset!r}; "
                               "use dataset=mnist, or model=resnet18 for 3x32x32 data")
@@ -232,6 +244,23 @@ def named_configs() -> str:
     return ", ".join(sorted(p.name for p in CONFIGS_DIR.glob("*.yaml"))) or "none"
 
 
+# Fields a resumed run may change: how long it runs (to extend it), what it reports and how it feeds the
+# same data. Every other field changes what is trained, so resume compares it with the checkpoint's.
+RESUME_MAY_CHANGE = ("steps", "epochs", "data_dir", "out_dir", "resume", "ckpt_every", "timing_warmup", "log_every",
+                     "eval", "val_size", "tensorboard", "progress", "num_workers", "pin_memory", "persistent_workers",
+                     "prefetch_factor", "device", "dist_timeout_s", "cudnn_benchmark", "compile", "compile_mode",
+                     "ddp_bucket_cap_mb", "ddp_static_graph", "ddp_gradient_as_bucket_view", "profile",
+                     "profile_wait", "profile_warmup", "profile_active", "profile_repeat", "profile_memory",
+                     "profile_with_stack", "profile_record_shapes", "nvtx")
+
+
+def resume_differences(saved: dict[str, Any], cfg: TrainConfig) -> list[str]:
+    """`key=saved (now new)` for every field that changes the run and differs from the checkpoint's config."""
+    return [f"{f.name}={format_value(saved[f.name])} (now {format_value(getattr(cfg, f.name))})"
+            for f in fields(cfg) if f.name not in RESUME_MAY_CHANGE and f.name in saved
+            and saved[f.name] != getattr(cfg, f.name)]
+
+
 def key_help() -> dict[str, tuple[str, str, str]]:
     """name -> (default, allowed values, meaning) for every TrainConfig field; the meaning is the comment on
     the field's line in this file (so `train --help` can't drift from the code)."""
@@ -253,34 +282,72 @@ def from_dict(values: dict[str, Any]) -> TrainConfig:
     if unknown:
         raise ConfigError(f"unknown key {unknown[0]!r}{suggest(unknown[0], known)}; "
                           f"valid keys are the fields of TrainConfig (see `python -m tutorial_lib train --help`)")
-    typed = {k: _coerce(known[k], v) for k, v in values.items()}
-    return TrainConfig(**typed)
+    return TrainConfig(**values)  # __post_init__ coerces and checks every value
 
 
 def load(path: str | os.PathLike | None = None, overrides: list[str] | dict[str, Any] | None = None) -> TrainConfig:
-    """Build a config from an optional YAML file and `key=value` overrides (strings or a dict).
-    (Notebook 00 teaches it.)"""
-    import yaml
-
+    """Build a config from an optional YAML file and `key=value` overrides (strings or a dict)."""
     values: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist; check the path "
-                              f"(the workbook's named configs: {named_configs()})")
-        loaded = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(p)!r} must hold a mapping of key: value, not {type(loaded).__name__}")
-        values.update(loaded)
+        values.update(_load_yaml(Path(path)))
     if isinstance(overrides, dict):
         values.update(overrides)
     else:
         for item in overrides or []:
             if "=" not in item:
                 raise ConfigError(f"override {item!r} is not key=value (e.g. batch_size=64)")
-            key, raw = item.split("=", 1)
-            values[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+            key, text = item.split("=", 1)
+            if not text.strip():
+                raise ConfigError(f"{key.strip()}= is empty (an unset shell variable?); give a value, or leave "
+                                  f"{key.strip()} out for its default ({format_value(_default(key.strip()))})")
+            values[key.strip()] = text  # the text as typed: each field's type decides how to read it (_coerce)
     return from_dict(values)
+
+
+def _load_yaml(p: Path) -> dict[str, Any]:
+    import yaml
+
+    named = ", ".join(sorted(c.name for c in CONFIGS_DIR.glob("*.yaml")))
+    if p.is_dir():
+        raise ConfigError(f"config file {str(p)!r} is a folder; give a YAML file in it (the workbook's: {named})")
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist; check the path (the workbook's named configs: "
+                          f"{named})")
+    try:
+        loaded = yaml.load(p.read_text(encoding="utf-8"), Loader=_strict_loader()) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where else ""
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML{line} ({getattr(e, 'problem', None) or e}); "
+                          "write one `key: value` per line and quote values holding ': ' or ' #'") from None
+    except OSError as e:
+        raise ConfigError(f"config file {str(p)!r} can't be read ({e.strerror}); check its permissions") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping of key: value, not {type(loaded).__name__}")
+    return loaded
+
+
+def _strict_loader():
+    """YAML's safe loader without YAML 1.1's number surprises: `12:30` (base 60), `0x1F`, `0o17` and `012`
+    (octal) stay text, which the field's type then reads or refuses; `1e-3` is a number."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+    int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+    Loader.yaml_implicit_resolvers = {first: [(tag, rx) for tag, rx in rules if tag not in (int_tag, float_tag)]
+                                      for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver(int_tag, re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
+    number = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"
+    Loader.add_implicit_resolver(float_tag, re.compile(number), list("-+0123456789."))
+    Loader.add_constructor(int_tag, lambda loader, node: int(loader.construct_scalar(node)))  # 012 is 12
+    return Loader
+
+
+def _default(key: str) -> Any:
+    return next((f.default for f in fields(TrainConfig) if f.name == key), "VALUE")
 
 
 # ---------------------------------------------------------------------- helpers
@@ -303,29 +370,77 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+INT_RE = re.compile(r"[+-]?[0-9]+")
+
+
+def check_one_line(field_name: str, value: str) -> str:
+    """Text that goes into a job file or a log line: no newline, carriage return or other control character
+    (a newline would end the comment or the quoted word the text is written into)."""
+    if CONTROL_RE.search(value):
+        raise ConfigError(f"{field_name}={value!r} contains a control character "
+                          f"({CONTROL_RE.search(value).group()!r}); give it as one line of plain text")
+    return value
+
+
 def _coerce(f: dataclasses.Field, value: Any) -> Any:
-    """Turn YAML/CLI values into the field's type, with an error that names the field."""
+    """Turn a Python, YAML or command-line value into the field's type, with an error that names the field.
+    Text (a command-line override, or a str given in Python) is read by the field's type: a string field keeps
+    it as typed; an int takes decimal digits only (no 0x1F, no 12:30); a float what float() reads; a bool
+    true/false/yes/no/on/off/1/0; `null` is None where the field allows None."""
     kind = str(f.type)
+    expected = kind.split(" ")[0]
+    if isinstance(value, str) and value.strip() == "null" and ("None" in kind or expected != "str"):
+        value = None  # a string field keeps the text "null"
     if value is None:
         if "None" in kind:
             return None
-        raise ConfigError(f"{f.name}=null is not allowed; give a value (default {f.default!r})")
+        article = "an" if expected == "int" else "a"
+        raise ConfigError(f"{f.name}=None is not allowed; give {article} {expected} (default {format_value(f.default)})")
+    typed = {"bool": _as_bool, "int": _as_int, "float": _as_float, "str": _as_str}[expected](value)
+    if typed is None:
+        example = {"bool": "true or false", "int": "a whole number in decimal digits, e.g. 64",
+                   "float": "a number, e.g. 0.001", "str": "text"}[expected]
+        raise ConfigError(f"{f.name}={value!r} is not a valid {expected}; give {example}")
+    if expected == "float" and not math.isfinite(typed):
+        raise ConfigError(f"{f.name}={value!r} is not a finite number; give e.g. {format_value(f.default)}")
+    if expected == "str":
+        check_one_line(f.name, typed)
+    return typed
+
+
+def _as_bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower() if isinstance(value, (str, int)) else None
+    return {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False,
+            "0": False}.get(word)
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, str):
+        return int(value) if INT_RE.fullmatch(value.strip()) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return None
     try:
-        if kind.startswith("bool"):
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("true", "1", "yes", "on"):
-                return True
-            if str(value).lower() in ("false", "0", "no", "off"):
-                return False
-            raise ValueError
-        if kind.startswith("int"):
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(value)
-        if kind.startswith("float"):
-            return float(value)
-        return str(value)
-    except (TypeError, ValueError):
-        expected = kind.split(" ")[0].replace("|", "").strip()
-        raise ConfigError(f"{f.name}={value!r} is not a valid {expected}") from None
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _as_str(value: Any) -> str | None:
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # YAML read `out_dir: 2024` as a number
+    return None

@@ -162,8 +162,17 @@ def fetch(name: str, data_dir: str = "data") -> Path:
     if name not in TORCHVISION:
         raise UserError(f"cannot fetch {name!r}: one of {', '.join([*TORCHVISION, 'imagefolder'])} "
                         "(shapes is generated in memory and needs no staging)")
-    for train in (True, False):
-        torchvision_dataset(name, data_dir, train=train, download=True)
+    try:
+        Path(data_dir).mkdir(parents=True, exist_ok=True)
+        for train in (True, False):
+            torchvision_dataset(name, data_dir, train=train, download=True)
+    except OSError as e:  # URLError is an OSError: no internet, a proxy, DNS; or a data_dir not writable
+        if isinstance(e, (PermissionError, FileExistsError, NotADirectoryError)):
+            raise UserError(f"can't write {name!r} into data_dir={str(data_dir)!r} ({e.strerror}); give a folder "
+                            "you can write (--data-dir)") from None
+        raise UserError(f"could not download {name!r} ({getattr(e, 'reason', None) or e}): compute nodes often "
+                        "have no internet; run `python -m tutorial_lib data fetch "
+                        f"{name}` on a login node with internet, into a data_dir the jobs can read") from None
     return Path(data_dir)
 
 
@@ -243,7 +252,17 @@ class LoaderInput:
             # cycle, an old traceback in a notebook) would be collected in a worker, whose CUDA calls abort
             # it ("CUDA error: initialization error"): collect it here, before the fork.
             gc.collect()
-        return iter(self.loader)
+        return _one_line_errors(iter(self.loader))
+
+
+def _one_line_errors(batches):
+    """A UserError raised in a DataLoader worker comes back wrapped in the worker's traceback; give the user
+    its own one line (e.g. the image file that can't be read)."""
+    try:
+        yield from batches
+    except UserError as e:
+        last = str(e).strip().splitlines()[-1]
+        raise type(e)(last.split(": ", 1)[1] if "Original Traceback" in str(e) else str(e)) from None
 
 
 class CudaPrefetcher:

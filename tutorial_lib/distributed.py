@@ -4,6 +4,8 @@ process-group set-up and teardown, and the few collectives the engine needs. (St
 from __future__ import annotations
 
 import os
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -20,6 +22,7 @@ class DistEnv:
     launched: bool = False  # started by torchrun or srun (one process per device)
     device: torch.device = torch.device("cpu")
     backend: str | None = None
+    timeout_s: int = 300
 
     @property
     def is_main(self) -> bool:
@@ -51,10 +54,11 @@ def pick_device(requested: str, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
-def setup(parallel: str, device: str = "auto", timeout_s: int = 600) -> DistEnv:
-    """Read the environment, choose the device, and join the process group when running DDP.
-    (Notebook 05 teaches it.)"""
+def setup(parallel: str, device: str = "auto", timeout_s: int = 300) -> DistEnv:
+    """Read the environment, choose the device, and join the process group when running DDP. A collective
+    that waits more than `timeout_s` for another rank fails (see `collective`) instead of blocking the job."""
     env = read_env()
+    env.timeout_s = timeout_s
     env.device = pick_device(device, env.local_rank)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)
@@ -73,12 +77,51 @@ def teardown(env: DistEnv) -> None:
         dist.destroy_process_group()
 
 
+def is_comm_error(e: BaseException) -> bool:
+    """A collective that failed because another rank did not answer (timeout, closed connection)."""
+    backend_error = getattr(dist, "DistBackendError", ())
+    text = str(e)
+    return isinstance(e, backend_error) or (isinstance(e, RuntimeError) and any(
+        w in text for w in ("Timed out", "timed out", "timeout", "closed by peer", "Connection reset", "NCCL")))
+
+
+@contextmanager
+def collective(name: str, env: DistEnv):
+    """Run a collective; if it fails because other ranks did not answer, a one-line UserError that names them.
+    torch does not say which rank is missing, so each failing rank leaves a mark in the rendezvous store and,
+    after a short grace, the ranks without a mark are the ones that stopped answering."""
+    try:
+        yield
+    except RuntimeError as e:
+        if not (env.distributed and is_comm_error(e)):
+            raise
+        from .config import UserError
+
+        silent = _silent_ranks(env)
+        who = (f"rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} did not answer" if silent
+               else "another rank did not answer")
+        raise UserError(f"rank {env.rank}: {name} failed: {who} within dist_timeout_s={env.timeout_s} s (stalled, "
+                        f"or ended: see {'their' if len(silent) > 1 else 'its'} log lines); torch said: "
+                        f"{str(e).splitlines()[0][:200]}") from None
+
+
+def _silent_ranks(env: DistEnv, grace_s: float = 2.0) -> list[int]:
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"workbook/failed/{env.rank}", "1")
+        time.sleep(grace_s)  # the other ranks that timed out in the same collective mark themselves too
+        return [r for r in range(env.world_size) if not store.check([f"workbook/failed/{r}"])]
+    except Exception:  # the store lives in rank 0's agent: gone with it  # noqa: BLE001
+        return []
+
+
 def all_gather(value, env: DistEnv) -> list:
     """Every rank's `value` (any picklable), on every rank; [value] when not distributed."""
     if not env.distributed:
         return [value]
     out = [None] * env.world_size
-    dist.all_gather_object(out, value)
+    with collective("all_gather", env):
+        dist.all_gather_object(out, value)
     return out
 
 
@@ -87,5 +130,12 @@ def any_rank(flag: bool, env: DistEnv) -> bool:
     if not env.distributed:
         return flag
     t = torch.tensor([int(flag)], device=env.device if env.backend == "nccl" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    with collective("all_reduce (stop check)", env):
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+def barrier(env: DistEnv, name: str = "barrier") -> None:
+    if env.distributed:
+        with collective(name, env):
+            dist.barrier()

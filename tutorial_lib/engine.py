@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -21,16 +20,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import data, distributed, models, peaks, profiling
-from .config import ConfigError, TrainConfig, UserError, usable_cpus
+from .checkpoint import OutDirLock, StopSignals, make_out_dir, read_checkpoint, write_checkpoint
+from .config import ConfigError, TrainConfig, UserError, resume_differences, usable_cpus
 from .results import Result, load_result
 
-EXIT_PREEMPTED = 3  # the CLI's exit code after SIGUSR1: checkpoint written, rerun to continue
+# The CLI's exit code after SIGUSR1 (Slurm's warning before the time limit) or SIGTERM (scancel, a time limit
+# without --signal): the checkpoint is written; run the same command again to continue.
+EXIT_PREEMPTED = 3
 COMPILE_WARMUP = 3  # untimed steps at least, with compile=true: step 1 compiles, reduce-overhead records graphs in 2-3
 OPTIMIZER_IMPLS = {"auto": {}, "fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
 
 
 class Preempted(Exception):
-    """Raised after a SIGUSR1 (Slurm's warning before the time limit) once the checkpoint is written."""
+    """Raised after a stop signal (SIGUSR1 or SIGTERM) once the checkpoint is written."""
+
+
+class NonFiniteLoss(UserError):
+    """The loss became NaN or infinite: training can't recover, so the run stops (without a checkpoint)."""
 
 
 def device_name(device: torch.device) -> str:
@@ -136,7 +142,7 @@ class Run:
     def __init__(self, cfg: TrainConfig, env: distributed.DistEnv):
         self.cfg, self.env, self.device = cfg, env, env.device
         self.out = Path(cfg.out_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
+        make_out_dir(self.out)
         self.batch_size = cfg.per_device_batch(env.world_size)
         torch.manual_seed(cfg.seed)
         if self.device.type == "cuda":  # peak_memory_mb is this run's, not the notebook kernel's so far
@@ -145,6 +151,8 @@ class Run:
         set_cudnn_benchmark(cfg)
         self.input = data.build_input(cfg, "train", env, self.batch_size)
         self.steps_per_epoch = self.input.steps_per_epoch
+        # every input the run needs is opened before its first step: a missing val/ split fails now, not after training
+        self.val_input = data.build_input(cfg, "val", env, self.batch_size) if cfg.eval else None
         self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
         self.raw_model = models.build(cfg.model, data.num_classes(cfg.dataset)).to(self.device)
         if cfg.channels_last:
@@ -157,6 +165,9 @@ class Run:
         self.step, self.resumed_from = 0, None
         self.loss_log = LossLog(self.device)
         self.stop_requested = False
+        self.meter: StepMeter | None = None
+        self.prior_timing = {"times": [], "waits": []}  # step times (ms) and data waits (s) before a resume
+        self.stop_signal: str | None = None
 
     def wrap(self, net: nn.Module) -> nn.Module:
         cfg, env = self.cfg, self.env
@@ -226,18 +237,43 @@ class Run:
             epoch, start = epoch + 1, 0
 
     def fit(self) -> Result:
+        """Train to total_steps, evaluate, write result.json. A stop signal (SIGUSR1, SIGTERM) at any point of
+        it ends the run with a checkpoint and Preempted; a run already finished returns its saved result."""
         cfg, env = self.cfg, self.env
         t_start = time.perf_counter()
-        self.maybe_resume()
-        skip = max(0, cfg.timing_warmup - self.step)
-        meter = StepMeter(self.device, skip=max(skip, COMPILE_WARMUP) if cfg.compile else skip, time_first=cfg.compile)
+        try:
+            with StopSignals(self), OutDirLock(self.out, env.is_main):
+                self.maybe_resume()
+                if self.step >= self.total_steps and (self.out / "result.json").is_file():
+                    log(env, f"{self.out} holds a finished run ({self.step} steps; result.json kept); "
+                             "resume=false trains it again from step 0, a larger steps= continues it")
+                    return load_result(self.out)
+                skip = max(0, cfg.timing_warmup - self.step)
+                self.meter = meter = StepMeter(self.device, skip=max(skip, COMPILE_WARMUP) if cfg.compile else skip,
+                                               time_first=cfg.compile)
+                self.loop(meter)
+                self.check_stop()  # a signal during the last steps
+                if cfg.ckpt_every or self.resumed_from is not None:  # a checkpoint that exists shows the end
+                    self.save_checkpoint()
+                    self.check_stop()
+                return self.finish(meter, time.perf_counter() - t_start)
+        except Preempted:
+            self.save_checkpoint()
+            distributed.barrier(env, "barrier after the checkpoint")  # no rank exits before rank 0 has saved
+            log(env, f"stopped by {self.stop_signal or 'a stop request'}: checkpoint at step {self.step} in "
+                     f"{self.out / 'checkpoint.pt'}; run the same command again to continue")
+            raise
+
+    def loop(self, meter: "StepMeter") -> None:
+        """The step loop: a batch, a step, and every log_every steps the losses, the stop check, a checkpoint."""
+        cfg, env = self.cfg, self.env
         writer = self.tensorboard_writer()
         progress = self.progress_bar()
 
         def report(wait: bool = False) -> None:
             self.report_losses(self.loss_log.ready(wait), writer, meter, progress)
-        old_handler = self.catch_preemption()
         try:
+            self.check_stop()  # a signal during set-up
             with profiling.profiler(cfg, env) as prof:
                 batches = self.batches()
                 meter.start()
@@ -254,33 +290,31 @@ class Run:
                     if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                         self.loss_log.ship(self.step)
                         report()
-                        if distributed.any_rank(self.stop_requested, env):
-                            raise Preempted
+                        self.check_stop()
                     elif not env.distributed and self.stop_requested:
                         raise Preempted
                     if cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
                         self.loss_log.ship(self.step)
                         report(wait=True)
                         self.save_checkpoint()
-                self.loss_log.ship(self.step)
-                report(wait=True)
+            self.loss_log.ship(self.step)
+            report(wait=True)
         except Preempted:
             self.loss_log.ship(self.step)
             report(wait=True)
-            self.save_checkpoint()
-            if env.distributed:  # no rank may exit (and have the launcher stop the others) before rank 0 saved
-                torch.distributed.barrier()
-            log(env, f"preempted: checkpoint at step {self.step} in {self.out / 'checkpoint.pt'}; "
-                     "run the same command again to continue")
             raise
+        except RuntimeError as e:
+            with distributed.collective(f"step {self.step + 1}", env):
+                raise e
         finally:
             progress.close()
-            self.restore_signal(old_handler)
             if writer:
                 writer.close()
-        if cfg.ckpt_every:
-            self.save_checkpoint()
-        return self.finish(meter, time.perf_counter() - t_start)
+
+    def check_stop(self) -> None:
+        """Raise Preempted on every rank when a stop signal reached any of them (one small collective)."""
+        if distributed.any_rank(self.stop_requested, self.env):
+            raise Preempted
 
     @property
     def losses(self) -> list[float]:
@@ -289,6 +323,7 @@ class Run:
     def report_losses(self, intervals, writer, meter, progress) -> None:
         """Progress, log lines and TensorBoard scalars for the log intervals whose losses have arrived."""
         for step, values in intervals:
+            self.check_finite(step, values)
             progress.set_postfix(loss=f"{values[-1]:.3f}", refresh=False)
             if progress.disable:  # batch logs and pipes get a line per log interval instead of a bar
                 log(self.env, f"step {step}/{self.total_steps} loss {values[-1]:.4f}")
@@ -301,12 +336,26 @@ class Run:
                 if self.device.type == "cuda":
                     writer.add_scalar("perf/memory_mb", torch.cuda.max_memory_allocated(self.device) / 2**20, step)
 
+    def check_finite(self, step: int, values: list[float]) -> None:
+        """Stop at the first NaN or infinite loss (read where the losses arrive anyway: no extra device sync)."""
+        bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+        if bad is None:
+            return
+        cfg = self.cfg
+        cause = (" or an fp16 overflow (try precision=bf16)" if cfg.precision == "fp16" else "")
+        raise NonFiniteLoss(
+            f"the loss became {values[bad]} at step {step - len(values) + bad + 1}: the learning rate lr={cfg.lr:g} "
+            f"is likely too high for batch size {self.batch_size * self.env.world_size} at precision={cfg.precision}"
+            f"{cause}; lower lr or add warmup_steps (no checkpoint written for this step)")
+
     def finish(self, meter: "StepMeter", wall: float) -> Result:
         cfg, env = self.cfg, self.env
-        times = meter.step_times_ms()
+        times = self.prior_timing["times"] + meter.step_times_ms()
         median = statistics.median(times) if times else float("nan")
         slowest = max(distributed.all_gather(median, env))  # the job runs at the pace of its slowest rank
+        waits = self.prior_timing["waits"] + meter.waits
         accuracy = self.evaluate() if cfg.eval else None
+        self.check_stop()  # a signal during the evaluation: the checkpoint holds the last step
         checksums = distributed.all_gather(models.param_checksum(self.raw_model), env)
         peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None
         channels, size, *_ = data.SPECS[cfg.dataset]
@@ -320,7 +369,7 @@ class Run:
                           "p90": percentile(times, 0.9) if times else median, "timed_steps": len(times),
                           "mean": statistics.fmean(times) if times else median,
                           "slowest_rank_median": slowest},
-            data_wait_ms=statistics.median(meter.waits) * 1000 if meter.waits else 0.0,
+            data_wait_ms=statistics.median(waits) * 1000 if waits else 0.0,
             loss=self.losses, final_loss=self.losses[-1] if self.losses else float("nan"),
             val_accuracy=accuracy, peak_memory_mb=peak, param_checksums=checksums,
             resumed_from_step=self.resumed_from, wall_time_s=wall, torch_version=torch.__version__,
@@ -334,15 +383,18 @@ class Run:
     @torch.no_grad()
     def evaluate(self) -> float:
         self.model.eval()
-        loader = data.build_input(self.cfg, "val", self.env, self.batch_size)
+        loader = self.val_input or data.build_input(self.cfg, "val", self.env, self.batch_size)
         correct = torch.zeros(2, device=self.device)
         for x, y in loader.epoch(0, 0):
+            if self.stop_requested and not self.env.distributed:
+                raise Preempted
             x, y = self.prepare(x, y)
             with autocast(self.cfg, self.device):
                 pred = self.model(x).argmax(1)
             correct += torch.stack([(pred == y).sum(), torch.tensor(len(y), device=self.device)]).float()
         if self.env.distributed:
-            torch.distributed.all_reduce(correct)
+            with distributed.collective("all_reduce (validation accuracy)", self.env):
+                torch.distributed.all_reduce(correct)
         self.model.train()
         return (correct[0] / correct[1]).item()
 
@@ -362,44 +414,34 @@ class Run:
                     disable=not (self.cfg.progress and interactive and self.env.is_main), mininterval=1.0,
                     file=sys.stdout, dynamic_ncols=True)
 
-    def catch_preemption(self):
-        def handler(signum, frame):
-            self.stop_requested = True
-        try:
-            return signal.signal(signal.SIGUSR1, handler)
-        except ValueError:  # not the main thread: signals can't be caught here
-            return None
-
-    @staticmethod
-    def restore_signal(old) -> None:
-        if old is not None:
-            signal.signal(signal.SIGUSR1, old)
-
     def save_checkpoint(self) -> None:
         if not self.env.is_main:
             return
         self.loss_log.ship(self.step)
         self.loss_log.ready(wait=True)  # the checkpoint holds every loss so far (fit() has reported them)
+        timing = self.prior_timing
+        if self.meter is not None:
+            timing = {"times": timing["times"] + self.meter.step_times_ms(), "waits": timing["waits"] + self.meter.waits}
+        # only tensors, numbers, strings, lists and dicts: it loads with torch.load(weights_only=True)
         state = {"step": self.step, "model": self.raw_model.state_dict(), "optimizer": self.opt.state_dict(),
                  "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(),
                  "losses": self.losses, "rng_cpu": torch.get_rng_state(), "config": self.cfg.to_dict(),
-                 "world_size": self.env.world_size}
+                 "world_size": self.env.world_size, "timing": timing}
         if self.device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state(self.device)
-        path = self.out / "checkpoint.pt"
-        tmp = path.with_name("checkpoint.pt.tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)  # a crash mid-write never leaves a half-written checkpoint
+        write_checkpoint(state, self.out / "checkpoint.pt")
 
     def maybe_resume(self) -> None:
         path = self.out / "checkpoint.pt"
         if not (self.cfg.resume and path.is_file()):
             return
-        state = torch.load(path, map_location=self.device, weights_only=False)
-        for key in ("model", "dataset", "optimizer", "batch_size", "global_batch_size", "precision"):
-            if state["config"].get(key) != getattr(self.cfg, key):
-                raise ConfigError(f"{path} holds a run with {key}={state['config'].get(key)!r}, not "
-                                  f"{getattr(self.cfg, key)!r}; use another out_dir, or resume=false to start afresh")
+        state = read_checkpoint(path, self.device)
+        differ = resume_differences(state["config"], self.cfg)
+        if state["world_size"] != self.env.world_size:
+            differ.append(f"world size {state['world_size']} (now {self.env.world_size})")
+        if differ:
+            raise ConfigError(f"{path} holds a run with {'; '.join(differ)}: resuming would mix two runs; use "
+                              "the checkpoint's values, another out_dir, or resume=false to start afresh")
         self.raw_model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
@@ -409,6 +451,7 @@ class Run:
             torch.cuda.set_rng_state(state["rng_cuda"], self.device)
         self.step, self.resumed_from = state["step"], state["step"]
         self.loss_log.values = list(state["losses"])
+        self.prior_timing = state.get("timing") or self.prior_timing
         log(self.env, f"resuming from step {self.step} of {path} (resume=false starts afresh)")
 
 
@@ -509,13 +552,16 @@ def prepared_run(cfg: TrainConfig):
     check the config against where it runs, build the Run; afterwards leave the process group and restore
     the backend flags the run changed."""
     cfg.validate()
-    env = distributed.setup(cfg.parallel, cfg.device)
-    try:
-        with backend_flags():
-            cfg.check_runtime(env.device.type, env.world_size, env.launched)
-            yield Run(cfg, env)
-    finally:
-        distributed.teardown(env)
+    with StopSignals() as early:  # a signal during set-up reaches the Run, whose fit() then checkpoints
+        env = distributed.setup(cfg.parallel, cfg.device, cfg.dist_timeout_s)
+        try:
+            with backend_flags():
+                cfg.check_runtime(env.device.type, env.world_size, env.launched)
+                run = Run(cfg, env)
+                early.hand_over(run)
+                yield run
+        finally:
+            distributed.teardown(env)
 
 
 def train(cfg: TrainConfig) -> Result:

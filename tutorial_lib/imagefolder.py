@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import DataNotFound, TrainConfig, mp_context, usable_cpus
+from .config import DataNotFound, TrainConfig, UserError, mp_context, usable_cpus
 from .shapes import SHAPE_NAMES, make_shapes
 
 SIZES = {"train": 50_000, "val": 10_000}
@@ -67,6 +67,11 @@ def _map(fn, jobs, processes: int | None) -> None:
         pool.map(fn, jobs)
 
 
+def _visible(path: Path) -> bool:
+    """Not a hidden file: .DS_Store and ._name files from macOS, .ipynb_checkpoints."""
+    return not path.name.startswith(".")
+
+
 class ImageFolderImages:
     """Image files in class folders (torchvision's ImageFolder layout) -> (C, H, W) uint8 tensor, label.
 
@@ -74,23 +79,41 @@ class ImageFolderImages:
     round-robin over the classes, so that `train_size` takes a balanced subset of any such folder."""
 
     def __init__(self, folder: Path):
-        classes = sorted(d.name for d in folder.iterdir() if d.is_dir())
-        per_class = [sorted(p for p in (folder / c).iterdir() if p.is_file()) for c in classes]
+        if not folder.is_dir():
+            raise DataNotFound(f"{str(folder)!r} does not exist: the {folder.name!r} split is missing; stage the "
+                               f"dataset again (`{FETCH}`), or give eval=false to train without validation")
+        classes = sorted(d.name for d in folder.iterdir() if d.is_dir() and _visible(d))
+        per_class = [sorted(p for p in (folder / c).iterdir() if p.is_file() and _visible(p)) for c in classes]
         self.classes = classes
         self.samples = [(str(files[r]), k)
                         for r in range(max(map(len, per_class), default=0))
                         for k, files in enumerate(per_class) if r < len(files)]
+        if not self.samples:
+            raise DataNotFound(f"{str(folder)!r} holds no images in class folders; stage it again (`{FETCH}`)")
+        self.size = self._open(self.samples[0][0]).size  # every image must have the first one's size
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, i):
+        path, label = self.samples[i]
+        img = self._open(path)
+        if img.size != self.size:
+            raise UserError(f"image {path} is {img.size[0]}x{img.size[1]} pixels, not {self.size[0]}x{self.size[1]} "
+                            "like the others: resize it or remove it")
+        return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1), label
+
+    @staticmethod
+    def _open(path: str):
+        """The image at `path` as RGB, decoded; a one-line error naming the file when it can't be."""
         from PIL import Image
 
-        path, label = self.samples[i]
-        with Image.open(path) as img:
-            x = np.asarray(img.convert("RGB"), dtype=np.uint8)
-        return torch.from_numpy(x.copy()).permute(2, 0, 1), label
+        try:
+            with Image.open(path) as img:
+                return img.convert("RGB")
+        except (OSError, SyntaxError, ValueError) as e:  # PIL: UnidentifiedImageError, truncated file, ...
+            raise UserError(f"image {path} can't be read ({e}): a truncated or non-image file; remove it or "
+                            f"stage the dataset again (`{FETCH}`)") from None
 
 
 def imagefolder_dataset(cfg: TrainConfig, split: str) -> ImageFolderImages:

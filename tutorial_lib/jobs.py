@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .config import ROOT, ConfigError, TrainConfig, UserError, check_world, format_value, load, suggest
+from .config import ROOT, ConfigError, TrainConfig, UserError, check_one_line, check_world, format_value, load, suggest
 from .results import result_line  # noqa: F401  (tl.jobs.result_line: notebooks 01, 03)
 from .sites import ARRAY_RE, PATH_RE, WORD_RE, Site, check_name, check_pattern, check_slurm_words, load_site, time_seconds
 from .slurm import Job, NoSlurm
@@ -106,6 +106,9 @@ def resolve(r: Resources, site: Site) -> Resources:
                            "e.g. jobs/logs/%x-%j.out (%x job name, %j job id, %A_%a array job and task)")
     if r.array is not None:
         check_pattern("array", r.array, ARRAY_RE, "task ids like 0-7, 1,3,5 or 0-15%4", "e.g. array=0-3")
+        for first, last in re.findall(r"([0-9]+)-([0-9]+)", r.array):
+            if int(first) > int(last):
+                raise UserError(f"array={r.array!r}: the range {first}-{last} runs backwards; write {last}-{first}")
     if r.requeue is not None and not (isinstance(r.requeue, int) and 10 <= r.requeue < min(seconds, 65536)):
         raise UserError(f"requeue={r.requeue!r}: give the seconds before the time limit ({r.time}, {seconds} s) "
                         "at which to checkpoint and requeue, at least 10 and less than the time limit, e.g. "
@@ -176,8 +179,7 @@ def _training(cfg: TrainConfig, name: str, world_size: int, swept: set[str] = fr
     changed = {o.split("=", 1)[0] for o in cfg.to_overrides()}
     overrides = [o for o in cfg.to_overrides(only_changed=False) if o.split("=", 1)[0] in changed | shown]
     for item in overrides:
-        if "\n" in item or "\r" in item:
-            raise UserError(f"{item.split('=')[0]} contains a line break; give it on one line")
+        check_one_line(*item.split("=", 1))
     words = ["-m tutorial_lib train"]
     words += [shlex.quote(o) for o in overrides if not o.startswith("out_dir=")]
     if "num_workers" not in swept and not any(o.startswith("num_workers=") for o in overrides):
@@ -189,8 +191,8 @@ def _command(command: str | list[str]) -> Program:
     argv = shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
     if not argv:
         raise UserError("command is empty; give the program and its arguments, e.g. command='python train.py'")
-    if any("\n" in a for a in argv):
-        raise UserError("command contains a line break; give it on one line")
+    for word in argv:
+        check_one_line("command", word)
     python = os.path.basename(argv[0]) in ("python", "python3")
     words = [shlex.quote(a) for a in (argv[1:] if python else argv)]
     return Program(words or ["-c", "pass"], False, python, argv)
@@ -207,6 +209,10 @@ def sweep_points(sweep: dict[str, list] | list[dict] | None) -> list[dict[str, s
                 raise UserError(f"sweep[{key!r}] must be a non-empty list of values, e.g. {{'{key}': [32, 64]}}")
         sweep = [dict(zip(keys, values)) for values in itertools.product(*(sweep[k] for k in keys))]
     points = [{str(k): format_value(v) for k, v in point.items()} for point in sweep]
+    for point in points:
+        for key, value in point.items():
+            check_one_line(f"sweep key {key!r}", key)
+            check_one_line(key, value)
     if len(points) > 1000:
         raise UserError(f"the sweep has {len(points)} points; a job array of at most 1000 tasks, please")
     return points
@@ -235,6 +241,10 @@ def render(name: str, cfg: TrainConfig | None = None, *, site: str | None = None
     `sweep` ({key: [values]} or [{key: value}, ...]) turns the job into an array, one task per point.
     """
     check_name("name", name)
+    if description is not None:
+        check_one_line("description", str(description))
+    if site is not None:
+        check_one_line("site", str(site))
     if (cfg is None) == (command is None):
         raise UserError("give a TrainConfig (cfg) or a command, not both or neither")
     if sweep and cfg is None:
@@ -296,7 +306,19 @@ def _context(name, site, r, program, points, cfg, description) -> dict[str, Any]
         "out_dir": program.out_dir, "sweep": sweep, "gpu_monitor": r.gpu_monitor, "requeue": r.requeue,
         "monitor_csv": _monitor_csv(program), "line_profile": bool(r.line_profile), "background": background,
         "launcher": f"{site.launcher} " if site.launcher else "", "command": runner, "nsys": r.nsys,
+        "tools": _tools(r, site),
     }
+
+
+def _tools(r: Resources, site: Site) -> list[tuple[str, str]]:
+    """Programs the job runs that a node may lack, each with how to get it (checked at the top of the job)."""
+    where = f"add what provides it to the setup of site profile '{site.name}'"
+    tools = []
+    if r.nsys:
+        tools.append(("nsys", f"{where} (e.g. module load nsight-systems, or the CUDA module that ships it)"))
+    if r.line_profile:
+        tools.append(("kernprof", f"pip install line_profiler into the environment that {where} activates"))
+    return tools
 
 
 def _runner(r: Resources, program: Program, site: Site) -> str:
@@ -440,9 +462,13 @@ def write(name: str, cfg: TrainConfig | None = None, *, site: str | None = None,
     """
     text = render(name, cfg, site=site, command=command, sweep=sweep, description=description, **resource_values)
     path = Path(jobs_dir) if jobs_dir is not None else JOBS_DIR
-    path.mkdir(parents=True, exist_ok=True)
-    path = path / f"{name}.sbatch"
-    path.write_text(text)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        path = path / f"{name}.sbatch"
+        path.write_text(text)
+    except OSError as e:
+        raise UserError(f"can't write {path} ({e.strerror}); give a jobs folder you can write (jobs_dir=, "
+                        "--jobs-dir)") from None
     if show:
         print(f"# {shown_path(path)}\n{text}", end="")
     return path
@@ -459,7 +485,14 @@ def render_record(path: str | os.PathLike) -> dict:
     """The render arguments recorded in a file written by `write` (its `# workbook-render:` line)."""
     for line in Path(path).read_text().splitlines():
         if line.startswith(RENDER_MARK):
-            return json.loads(line[len(RENDER_MARK):])
+            try:
+                record = json.loads(line[len(RENDER_MARK):])
+            except ValueError as e:
+                record = e
+            if not (isinstance(record, dict) and {"name", "site", "resources"} <= set(record)):
+                raise UserError(f"{path}: its '{RENDER_MARK.strip()}' line is damaged (edited by hand?); render the "
+                                "file again from its notebook, or restore it with `git checkout`")
+            return record
     raise UserError(f"{path} has no '{RENDER_MARK.strip()}' line: it was not written by tutorial_lib.jobs")
 
 
@@ -474,6 +507,9 @@ def rerender(path: str | os.PathLike) -> str:
 def stale(jobs_dir: str | os.PathLike | None = None) -> list[Path]:
     """The jobs/*.sbatch files whose text differs from what their record renders today."""
     folder = Path(jobs_dir) if jobs_dir is not None else JOBS_DIR
+    if not folder.is_dir():
+        raise UserError(f"jobs folder {str(folder)!r} does not exist; give the folder of the .sbatch files "
+                        "(default: the workbook's jobs/)")
     return [p for p in sorted(folder.glob("*.sbatch")) if p.read_text() != rerender(p)]
 
 

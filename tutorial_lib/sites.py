@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .config import UserError
+from .config import UserError, check_one_line
 
 SITES_DIR = Path(__file__).resolve().parent / "sites"
 GPU_REQUESTS = ("gpus-per-node", "gres", "gpus")
@@ -114,6 +114,9 @@ def load_site(name: str | os.PathLike | None = None) -> Site:
     except yaml.YAMLError as e:
         raise UserError(f"site profile {path} is not valid YAML ({str(e).splitlines()[0]}); "
                         "quote values that contain ': ' or '#'") from None
+    if not isinstance(values, dict):
+        raise UserError(f"site profile {path} must be a mapping of `key: value` lines, not a "
+                        f"{type(values).__name__}; compare it with tutorial_lib/sites/generic.yaml")
     known = {f.name for f in fields(Site)} - {"name"}
     unknown, missing = sorted(set(values) - known), sorted(known - set(values))
     if unknown or missing:
@@ -128,13 +131,25 @@ def load_site(name: str | os.PathLike | None = None) -> Site:
 def _check_site(site: Site, path: Path) -> Site:
     where = f"site profile {path}: "
     try:
+        for key in ("description", "shell", "launcher"):  # setup is shell lines by design
+            if not isinstance(getattr(site, key), str):
+                raise UserError(f"{key}={getattr(site, key)!r} must be text (quote it)")
+            check_one_line(key, getattr(site, key))
         if site.gpu_request not in GPU_REQUESTS:
             raise UserError(f"gpu_request={site.gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
         for key in ("gpus_per_node", "cpus_per_gpu", "max_nodes"):
-            if not isinstance(getattr(site, key), int) or getattr(site, key) < 1:
-                raise UserError(f"{key}={getattr(site, key)!r} must be a positive integer")
-        time_seconds(site.max_time, "max_time")
-        time_seconds(site.default_time, "default_time")
+            value = getattr(site, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UserError(f"{key}={value!r} must be a positive integer")
+        if not isinstance(site.account_required, bool):
+            raise UserError(f"account_required={site.account_required!r} must be true or false")
+        for key in ("max_time", "default_time"):
+            value = getattr(site, key)
+            if isinstance(value, int) and not isinstance(value, bool):  # YAML 1.1 reads 48:00:00 as 172800
+                hms = f"{value // 3600:02d}:{value // 60 % 60:02d}:{value % 60:02d}"
+                raise UserError(f"{key} was read as the number {value}: YAML takes an unquoted time for a number "
+                                f"in base 60; quote it: {key}: \"{hms}\"")
+            time_seconds(value, key)
         check_slurm_words(site)
     except UserError as e:
         raise UserError(where + str(e)) from None

@@ -75,6 +75,8 @@ def log_folders(path: Path, cwd: Path) -> list[Path]:
 
 
 HINTS = [
+    (r"node count specification invalid", "this job asks for more nodes than its partition has; the nodes "
+     "here: {nodes}. Ask for at most that many (nodes=N), or another partition"),
     (r"invalid partition", "the partitions here: {partitions}; set partition=NAME (or change the site profile)"),
     (r"requested node configuration is not available|more processors requested than permitted",
      "no node offers what one node of this job asks for (GPUs, CPUs or memory); the nodes here: {nodes}. "

@@ -49,6 +49,20 @@ class TensorBoard:
         except (OSError, ValueError, KeyError):
             return False
 
+    def is_ours(self) -> bool:
+        """Whether `pid` is still the TensorBoard this record describes, not a process that reused the PID (the
+        state file lives in $HOME, shared by every node): its command line names tensorboard, this logdir and
+        port; where there is no /proc (macOS), its port answers with this logdir."""
+        cmdline = Path(f"/proc/{self.pid}/cmdline")
+        if not Path("/proc/self/cmdline").exists():
+            return self.alive()
+        try:
+            words = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            return False
+        return (any("tensorboard" in w for w in words) and _after(words, "--logdir") == self.logdir
+                and _after(words, "--port") == str(self.port))
+
     @property
     def shown_logdir(self) -> str:
         """The logdir relative to the working directory when it lies below it (no machine paths in outputs)."""
@@ -117,6 +131,10 @@ def _serves_proxy(server_url: str) -> bool:
         return False
 
 
+def _after(words: list[str], flag: str) -> str | None:
+    return words[words.index(flag) + 1] if flag in words[:-1] else None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -172,13 +190,16 @@ def start(logdir: str | os.PathLike = "runs", port: int | None = None, timeout: 
 
 
 def stop(tb: TensorBoard | None = None) -> int:
-    """Stop `tb`, or every TensorBoard this workbook started. Returns how many were stopped.
-    (Notebook 00 teaches it.)"""
+    """Stop `tb`, or every TensorBoard this workbook started. Returns how many were stopped. A record whose
+    PID is no longer that TensorBoard (it ended, and the PID went to another process) is dropped unsignalled."""
     stopped = 0
     for r in _records():
-        if tb is None or r.pid == tb.pid:
+        if (tb is None or r.pid == tb.pid) and r.is_ours():
             try:
-                os.killpg(r.pid, signal.SIGTERM)
+                if os.getpgid(r.pid) == r.pid:  # started with start_new_session: its group is its own
+                    os.killpg(r.pid, signal.SIGTERM)
+                else:
+                    os.kill(r.pid, signal.SIGTERM)
                 stopped += 1
             except OSError:
                 pass

@@ -1,0 +1,558 @@
+"""Faults and bad input (issue 13): nothing runs that shouldn't, nothing is lost, no silent wrong result, and
+every mistake ends in one line that names the value and the fix. One test per class, over many inputs.
+docs/reliability.md lists the promise each test holds."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import tiny
+from tutorial_lib import config, distributed, engine, jobs, sites, slurm, tensorboard
+from tutorial_lib.__main__ import main
+from tutorial_lib.checkpoint import OutDirLock, write_checkpoint
+from tutorial_lib.config import ConfigError, DataNotFound, TrainConfig, UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+GENERIC = (ROOT / "tutorial_lib" / "sites" / "generic.yaml").read_text()
+
+
+def one_line_error(argv, capsys) -> str:
+    """Run the CLI in this process; it must fail with exit code 2 and one line on stderr."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A run of 4 steps with checkpoints, finished: its out_dir holds checkpoint.pt and result.json."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    cfg = tiny(out, steps=4, ckpt_every=2, val_size=16)
+    engine.train(cfg)
+    return cfg
+
+
+# ================================================================ code that runs when it shouldn't
+CONTROL = ["\n", "\r", "\x1b[2J", "\x00", "\x7f", "\x0b"]
+
+
+def _site_with_description(tmp_path, text):
+    path = tmp_path / "mysite.yaml"
+    path.write_text(GENERIC.replace('description: "any Slurm cluster: GPUs as --gpus-per-node, no account"',
+                                    f"description: {json.dumps(text)}"))
+    return str(path)
+
+
+@pytest.mark.parametrize("char", CONTROL)
+@pytest.mark.parametrize("where", ["description", "sweep value", "sweep key", "out_dir", "data_dir",
+                                   "command", "site description", "point"])
+def test_control_characters_never_reach_a_job_file(tmp_path, where, char):
+    payload = f"x{char}touch /tmp/pwned"
+    cfg = TrainConfig(steps=2)
+    kw = {"description": dict(cfg=cfg, description=payload),
+          "sweep value": dict(cfg=cfg, sweep={"out_dir": ["a", payload]}),
+          "sweep key": dict(cfg=cfg, sweep={payload: [1]}),
+          "point": dict(cfg=cfg, sweep=[{"data_dir": payload}]),
+          "command": dict(command=["python", "-c", payload]),
+          "site description": dict(cfg=cfg, site=_site_with_description(tmp_path, payload))}
+    with pytest.raises(UserError, match="control character|unknown key"):
+        if where in ("out_dir", "data_dir"):
+            cfg = cfg.replace(**{where: payload})  # the config refuses it before any job sees it
+        jobs.write("demo", **kw.get(where, dict(cfg=cfg)), jobs_dir=tmp_path / "jobs", show=False)
+    assert not (tmp_path / "jobs" / "demo.sbatch").exists()
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "code ran"))
+
+
+@pytest.mark.parametrize("how", ["top level", "inside a valid-looking checkpoint", "as the model state"])
+def test_a_crafted_checkpoint_runs_no_code(finished_run, tmp_path, how):
+    marker = tmp_path / "ran"
+    out = tmp_path / "run"
+    out.mkdir()
+    good = torch.load(Path(finished_run.out_dir) / "checkpoint.pt", weights_only=True)  # ours load safely
+    evil = {"top level": _Payload(marker), "inside a valid-looking checkpoint": {**good, "extra": _Payload(marker)},
+            "as the model state": {**good, "model": _Payload(marker)}}[how]
+    with open(out / "checkpoint.pt", "wb") as f:
+        pickle.dump(evil, f, protocol=2)
+    with pytest.raises(UserError, match="resume=false"):
+        engine.train(finished_run.replace(out_dir=str(out)))
+    assert not marker.exists()
+
+
+@pytest.fixture
+def tb_state(tmp_path, monkeypatch):
+    monkeypatch.setattr(tensorboard, "STATE", tmp_path / "state.json")
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv", [["sleep", "60"],
+                                  [sys.executable, "-c", "import time; time.sleep(60)", "tensorboard"],
+                                  [sys.executable, "-c", "import time; time.sleep(60)", "tensorboard", "--logdir",
+                                   "/elsewhere", "--port", "6006"]])
+def test_tensorboard_stop_never_signals_a_process_it_did_not_start(tb_state, argv):
+    proc = subprocess.Popen(argv, start_new_session=True)
+    try:
+        record = tensorboard.TensorBoard(proc.pid, 6006, str(tb_state / "runs"))
+        tensorboard._save([record])  # a stale record whose PID now belongs to someone else
+        assert tensorboard.stop() == 0
+        assert tensorboard.stop(record) == 0
+        time.sleep(0.2)
+        assert proc.poll() is None  # still running
+        assert tensorboard._records() == []  # and the stale record is gone
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# ================================================================ nothing lost
+def test_a_finished_run_is_kept_extended_or_redone_only_when_asked(finished_run, capsys):
+    result = Path(finished_run.out_dir) / "result.json"
+    before = result.read_bytes()
+    again = engine.train(finished_run)
+    assert result.read_bytes() == before and again.steps == 4 and again.throughput_img_s > 0
+    assert "finished run" in capsys.readouterr().out
+    assert main(["train", *finished_run.to_overrides()]) == 0  # the same command, from a shell
+    assert "kept" in capsys.readouterr().out and result.read_bytes() == before
+
+
+def _signal_at(monkeypatch, phase, sig):
+    """Send `sig` to this process during `phase` of a run."""
+    def send():
+        os.kill(os.getpid(), sig)
+    if phase == "set-up":
+        build = engine.models.build
+        monkeypatch.setattr(engine.models, "build", lambda *a: (send(), build(*a))[1])
+    elif phase == "step 2":
+        step = engine.Run.train_step
+        monkeypatch.setattr(engine.Run, "train_step",
+                            lambda self, x, y: (self.step == 1 and send(), step(self, x, y))[1])
+    elif phase == "final evaluation":
+        prepare = engine.Run.prepare
+        monkeypatch.setattr(engine.Run, "prepare",
+                            lambda self, x, y: (not self.model.training and send(), prepare(self, x, y))[1])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+@pytest.mark.parametrize("phase,step", [("set-up", 0), ("step 2", 2), ("final evaluation", 3)])
+def test_a_stop_signal_anywhere_ends_with_a_checkpoint_and_the_rerun_finishes(tmp_path, monkeypatch, capsys,
+                                                                              sig, phase, step):
+    cfg = tiny(tmp_path / "run", steps=3, val_size=16, log_every=1)
+    with monkeypatch.context() as m:
+        _signal_at(m, phase, sig)
+        with pytest.raises(engine.Preempted):
+            engine.train(cfg)
+    assert f"stopped by {sig.name}: checkpoint at step {step}" in capsys.readouterr().out
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["step"] == step
+    assert not (tmp_path / "run" / "result.json").exists()
+    done = engine.train(cfg)
+    assert done.steps == 3 and done.resumed_from_step == step and len(done.loss) == 3
+    assert done.val_accuracy is not None and done.step_time_ms["timed_steps"] >= 1
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_cli_exits_3_on_a_stop_signal(tmp_path, sig):
+    args = [sys.executable, "-m", "tutorial_lib", "train", "dataset=shapes", "model=resnet18_imagenet",
+            "steps=400", "batch_size=8", "train_size=64", "device=cpu", "num_workers=0", "progress=false",
+            "log_every=1", "tensorboard=false", f"out_dir={tmp_path}/run"]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        if line.startswith("step 2/"):
+            p.send_signal(sig)
+            break
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == engine.EXIT_PREEMPTED, err
+    assert 2 <= torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["step"] < 400
+
+
+@pytest.mark.parametrize("missing", ["val", "train"])
+def test_every_input_is_checked_before_the_first_step(tmp_path, monkeypatch, missing):
+    from tutorial_lib.imagefolder import write_imagefolder
+
+    write_imagefolder(tmp_path / "data" / "imagefolder", train_size=32, val_size=16, processes=1)
+    import shutil
+    shutil.rmtree(tmp_path / "data" / "imagefolder" / missing)
+    monkeypatch.setattr(engine.Run, "train_step", lambda *a: pytest.fail("a step ran"))
+    with pytest.raises(DataNotFound, match=f"'{missing}' split is missing"):
+        engine.train(tiny(tmp_path / "run", dataset="imagefolder", data_dir=str(tmp_path / "data"), train_size=32))
+
+
+def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path, monkeypatch):
+    cfg = tiny(tmp_path / "run", steps=2)
+    (tmp_path / "run").mkdir()
+    monkeypatch.setattr(engine.Run, "train_step", lambda *a: pytest.fail("a step ran"))
+    with OutDirLock(tmp_path / "run"):  # the first run
+        with pytest.raises(UserError, match=f"in use by another run \\(pid {os.getpid()} on "):
+            engine.train(cfg)
+    assert not (tmp_path / "run" / "checkpoint.pt.tmp").exists()
+
+
+CHANGES = [dict(lr=0.01), dict(seed=1), dict(train_size=128), dict(augment=False), dict(lr_schedule="constant"),
+           dict(warmup_steps=2), dict(optimizer="sgd"), dict(weight_decay=0.0), dict(momentum=0.5),
+           dict(batch_size=8), dict(precision="bf16"), dict(model="resnet18"), dict(lr=1.0),
+           dict(seed=2, lr=0.5, augment=False), dict(loader="gpu_resident")]
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=lambda c: ",".join(c))
+def test_resume_names_every_field_that_changes_the_run(finished_run, change):
+    saved = finished_run.to_dict()
+    differ = config.resume_differences(saved, finished_run.replace(**change))
+    changed = {k for k, v in change.items() if saved[k] != v}
+    assert {d.split("=")[0] for d in differ} == changed
+
+
+@pytest.mark.parametrize("change", [dict(steps=8), dict(log_every=1), dict(num_workers=1), dict(progress=True),
+                                    dict(tensorboard=True), dict(eval=False), dict(ckpt_every=0)], ids=str)
+def test_resume_accepts_what_may_change(finished_run, change):
+    assert config.resume_differences(finished_run.to_dict(), finished_run.replace(**change)) == []
+
+
+def test_resume_refuses_a_changed_run_naming_each_field(finished_run):
+    with pytest.raises(ConfigError, match=r"lr=0.002 \(now 0.1\); seed=0 \(now 7\).*resume=false"):
+        engine.train(finished_run.replace(lr=0.1, seed=7))
+
+
+@pytest.mark.parametrize("fault", ["tmpfs full", "ENOSPC", "EDQUOT", "torch iostream error"])
+def test_a_failed_checkpoint_write_keeps_the_old_one_and_says_why(tmp_path, monkeypatch, fault):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    if fault == "tmpfs full":
+        if os.geteuid() != 0:
+            pytest.skip("mounting a 1 MB tmpfs needs root")
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)]).returncode:
+            pytest.skip("mount -t tmpfs is not allowed here")
+    try:
+        (folder / "checkpoint.pt").write_bytes(b"the previous checkpoint")
+        state = {"model": torch.zeros(1 << 20)}  # 4 MB: more than the tmpfs holds
+        if fault != "tmpfs full":
+            err = (RuntimeError("[enforce fail at inline_container.cc:659] . unexpected pos 64 vs 0")
+                   if fault == "torch iostream error" else OSError(getattr(errno, fault), os.strerror(getattr(errno, fault))))
+
+            def failing_save(obj, path, *a, **k):
+                Path(path).write_bytes(b"half")
+                raise err
+            monkeypatch.setattr(torch, "save", failing_save)
+        expected = {"tmpfs full": "no space left on", "ENOSPC": "no space left on", "EDQUOT": "disk quota exceeded",
+                    "torch iostream error": "could not write the checkpoint"}[fault]
+        with pytest.raises(UserError, match=expected) as e:
+            write_checkpoint(state, folder / "checkpoint.pt")
+        assert "previous checkpoint" in str(e.value) and str(folder) in str(e.value)
+        assert (folder / "checkpoint.pt").read_bytes() == b"the previous checkpoint"
+        assert not (folder / "checkpoint.pt.tmp").exists()
+    finally:
+        if fault == "tmpfs full":
+            subprocess.run(["umount", "-l", str(folder)])  # lazily: torch may still hold the partial file
+
+
+# ================================================================ no silent wrong results
+@pytest.mark.parametrize("override,key,value", [
+    ("out_dir=runs/exp #1", "out_dir", "runs/exp #1"), ("out_dir=no", "out_dir", "no"),
+    ("data_dir=12:30", "data_dir", "12:30"), ("out_dir=0x1F", "out_dir", "0x1F"), ("out_dir=null", "out_dir", "null"),
+    ("out_dir=true", "out_dir", "true"), ("out_dir= runs/a ", "out_dir", " runs/a "), ("data_dir=~", "data_dir", "~"),
+    ("eval=no", "eval", False), ("eval=off", "eval", False), ("eval=True", "eval", True), ("augment=0", "augment", False),
+    ("steps=null", "steps", None), ("steps=+12", "steps", 12), ("lr=1e-3", "lr", 0.001), ("lr=.5", "lr", 0.5),
+    ("batch_size=064", "batch_size", 64), ("train_size=10000", "train_size", 10000)])
+def test_override_text_is_read_by_the_fields_type(override, key, value):
+    assert getattr(config.load(None, [override]), key) == value
+
+
+@pytest.mark.parametrize("override,message", [
+    ("steps=12:30", "not a valid int"), ("steps=0x1F", "not a valid int"), ("steps=1e3", "not a valid int"),
+    ("steps=", "steps= is empty"), ("out_dir=", "out_dir= is empty"), ("lr= ", "lr= is empty"),
+    ("steps=[1]", "not a valid int"), ("eval=maybe", "not a valid bool"), ("lr=fast", "not a valid float"),
+    ("lr=inf", "not a finite number"), ("lr=nan", "not a finite number"), ("weight_decay=nan", "not a finite"),
+    ("lr=0", "must be > 0"), ("lr=-1", "must be > 0"), ("weight_decay=-0.1", "must be >= 0"),
+    ("momentum=-0.1", r"in \[0, 1\)"), ("momentum=1", r"in \[0, 1\)"), ("seed=-1", r"2\*\*63"),
+    ("seed=9223372036854775808", r"2\*\*63"), ("num_workers=null", "None is not allowed"),
+    ("dist_timeout_s=0", "positive integer"), ("batch_size=1.5", "not a valid int")])
+def test_bad_override_values_are_one_line_errors(override, message):
+    with pytest.raises(ConfigError, match=message):
+        config.load(None, [override])
+
+
+@pytest.mark.parametrize("kw,key,value", [
+    (dict(eval="false"), "eval", False), (dict(eval="true"), "eval", True), (dict(augment=0), "augment", False),
+    (dict(lr="1e-3"), "lr", 0.001), (dict(lr=1), "lr", 1.0), (dict(steps="40"), "steps", 40),
+    (dict(steps=40.0), "steps", 40), (dict(out_dir=Path("runs/p")), "out_dir", "runs/p"),
+    (dict(num_workers="3"), "num_workers", 3)])
+def test_python_api_coerces_like_the_command_line(kw, key, value):
+    cfg = TrainConfig(**kw)
+    assert getattr(cfg, key) == value and type(getattr(cfg, key)) is type(value)
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(num_workers=None), "num_workers=None is not allowed"), (dict(eval="sometimes"), "not a valid bool"),
+    (dict(lr="fast"), "not a valid float"), (dict(lr=float("inf")), "finite"), (dict(steps=2.5), "not a valid int"),
+    (dict(batch_size=True), "not a valid int"), (dict(out_dir=["a"]), "not a valid str"), (dict(seed=2**63), "2"),
+    (dict(eval=2), "not a valid bool"), (dict(momentum=float("nan")), "finite")])
+def test_python_api_refuses_what_the_command_line_refuses(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**kw)
+
+
+def test_a_field_set_after_construction_is_checked_before_the_run(tmp_path):
+    cfg = tiny(tmp_path / "run")
+    cfg.eval = "false"
+    cfg.validate()
+    assert cfg.eval is False
+    cfg.lr = float("nan")
+    with pytest.raises(ConfigError, match="finite"):
+        engine.train(cfg)
+
+
+@pytest.mark.parametrize("values,last,bad,precision", [([1.0, float("nan")], 4, 4, "fp32"),
+                                                      ([float("inf"), 2.0], 4, 3, "bf16"),
+                                                      ([1.0, 2.0, float("-inf")], 5, 5, "fp16"),
+                                                      ([float("nan")] * 3, 30, 28, "fp32")])
+def test_a_non_finite_loss_stops_the_run_naming_the_step_and_the_cause(tmp_path, values, last, bad, precision):
+    run = engine.Run.__new__(engine.Run)  # only what check_finite reads: fp16 can't be built on a CPU
+    run.cfg, run.batch_size, run.env = tiny(tmp_path / "run"), 16, distributed.DistEnv()
+    run.cfg.precision = precision
+    with pytest.raises(engine.NonFiniteLoss, match=f"at step {bad}: the learning rate lr=0.002 is likely too high "
+                                                   f"for batch size 16 at precision={precision}") as e:
+        run.check_finite(last, values)
+    assert ("fp16 overflow" in str(e.value)) == (precision == "fp16")
+    run.check_finite(last, [1.0, 0.5])  # finite losses pass
+
+
+def test_a_diverging_run_stops_with_a_one_line_error(tmp_path, capsys):
+    err = one_line_error(["train", *tiny(tmp_path / "run", steps=6, optimizer="sgd", lr=1e30,
+                                          weight_decay=0.0).to_overrides(), "eval=false"], capsys)
+    assert "the loss became" in err and "lower lr" in err
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+STALL = """
+import os, sys, time
+from tutorial_lib import distributed
+from tutorial_lib.config import UserError
+os.environ.update(RANK=sys.argv[1], WORLD_SIZE="2", LOCAL_RANK=sys.argv[1], MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT=sys.argv[2])
+env = distributed.setup("ddp", "cpu", timeout_s=3)
+if env.rank == 1:
+    time.sleep(12)  # a stalled rank: it answers nothing for longer than the timeout
+    sys.exit(0)
+t0 = time.time()
+try:
+    distributed.any_rank(False, env)
+except UserError as e:
+    print("USERERROR", round(time.time() - t0, 1), e)
+"""
+
+
+def test_a_stalled_rank_is_named_after_dist_timeout_s(tmp_path):
+    script = tmp_path / "stall.py"
+    script.write_text(STALL)
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ranks = [subprocess.Popen([sys.executable, str(script), str(r), port], stdout=subprocess.PIPE, text=True,
+                              env=env) for r in (0, 1)]
+    out = ranks[0].communicate(timeout=90)[0]
+    ranks[1].kill()
+    _, waited, message = next(l for l in out.splitlines() if l.startswith("USERERROR")).split(" ", 2)
+    assert message.startswith("rank 0: all_reduce (stop check) failed: rank 1 did not answer within "
+                              "dist_timeout_s=3 s")
+    assert float(waited) < 11  # the timeout and a short grace, not the 12 s of the stalled rank
+
+
+@pytest.mark.parametrize("line,message", [
+    ('max_time: 48:00:00', 'quote it: max_time: "48:00:00"'), ('max_time: 2:00', 'quote it: max_time: "00:02:00"'),
+    ('default_time: 1:00:00', 'quote it: default_time: "01:00:00"'), ("gpus_per_node: true", "gpus_per_node=True"),
+    ("gpus_per_node: 0", "positive integer"), ("max_nodes: 2.5", "positive integer"),
+    ("account_required: maybe", "true or false"), ("description: [a, b]", "must be text"),
+    ('shell: "/bin/bash\\nrm -rf ~"', "control character")])
+def test_site_profile_values_are_checked_with_the_fix(tmp_path, line, message):
+    key = line.split(":")[0]
+    text = "\n".join(line if l.startswith(key + ":") else l for l in GENERIC.splitlines())
+    (tmp_path / "mine.yaml").write_text(text)
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        sites.load_site(str(tmp_path / "mine.yaml"))
+
+
+@pytest.mark.parametrize("text", ["- description: a\n- partition: b\n", "just text\n", "42\n"])
+def test_a_site_profile_that_is_not_a_mapping_is_refused(tmp_path, text):
+    (tmp_path / "mine.yaml").write_text(text)
+    with pytest.raises(UserError, match="must be a mapping"):
+        sites.load_site(str(tmp_path / "mine.yaml"))
+
+
+@pytest.mark.parametrize("array", ["5-2", "0-3,9-4", "10-1%2", "7-6:2"])
+def test_a_backwards_array_range_is_refused(tmp_path, array):
+    with pytest.raises(UserError, match="runs backwards"):
+        jobs.render("demo", command="true", array=array)
+
+
+@pytest.mark.parametrize("record", ["{not json", '"a string"', '{"name": "x"}', "", "[1, 2]"])
+def test_a_damaged_render_record_is_a_one_line_error(tmp_path, record, capsys):
+    (tmp_path / "bad.sbatch").write_text(f"#!/bin/bash\n{jobs.RENDER_MARK}{record}\n")
+    err = one_line_error(["jobs", "check", "--jobs-dir", str(tmp_path)], capsys)
+    assert "damaged" in err and "bad.sbatch" in err
+
+
+@pytest.mark.parametrize("folder", ["no-such-folder", "jobs/01_single_gpu.sbatch"])
+def test_jobs_check_of_a_missing_folder_fails(folder, capsys):
+    err = one_line_error(["jobs", "check", "--jobs-dir", str(ROOT / folder)], capsys)
+    assert "does not exist" in err
+
+
+# ================================================================ tracebacks that should be one line
+def _checkpoint_damage(finished_run, how, path):
+    good = (Path(finished_run.out_dir) / "checkpoint.pt").read_bytes()
+    if how == "missing keys":
+        state = torch.load(Path(finished_run.out_dir) / "checkpoint.pt", weights_only=True)
+        del state["optimizer"]
+        torch.save(state, path)
+        return
+    path.write_bytes({"truncated": good[: len(good) // 2], "empty": b"", "text": b"not a checkpoint\n",
+                      "a tensor": b"", "a zip of something else": b"PK\x03\x04" + b"\0" * 100}[how])
+    if how == "a tensor":
+        torch.save(torch.zeros(3), path)
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty", "text", "a tensor", "a zip of something else",
+                                 "missing keys"])
+def test_an_unreadable_checkpoint_is_named_with_the_fix(finished_run, tmp_path, capsys, how):
+    out = tmp_path / "run"
+    out.mkdir()
+    _checkpoint_damage(finished_run, how, out / "checkpoint.pt")
+    err = one_line_error(["train", *finished_run.replace(out_dir=str(out)).to_overrides()], capsys)
+    assert str(out / "checkpoint.pt") in err and "resume=false" in err
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"steps: [1, 2\n", "not valid YAML at line"), (b"a: b: c\n", "not valid YAML"), (b"\tsteps: 2\n", "not valid YAML"),
+    (b"steps: 2\n\xff\xfe\n", "not UTF-8"), (b"- steps\n", "must hold a mapping"), (b"steps: 12:30\n", "not a valid int"),
+    (b"out_dir: runs/a\nstep: 2\n", "unknown key 'step'")])
+def test_a_bad_config_file_is_one_line(tmp_path, capsys, content, message):
+    (tmp_path / "c.yaml").write_bytes(content)
+    assert message in one_line_error(["train", "--config", str(tmp_path / "c.yaml")], capsys)
+
+
+def test_config_naming_a_folder_says_so(tmp_path, capsys):
+    assert "is a folder" in one_line_error(["train", "--config", str(tmp_path)], capsys)
+
+
+@pytest.mark.parametrize("where", ["out_dir under a file", "out_dir is a file", "out_dir read-only",
+                                   "jobs-dir under a file", "data_dir under a file"])
+def test_unusable_folders_are_one_line(tmp_path, capsys, where):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    readonly.chmod(0o500)
+    if where == "out_dir read-only" and os.access(readonly, os.W_OK):
+        readonly.chmod(0o700)
+        pytest.skip("root writes into read-only folders")
+    argv = {"out_dir under a file": ["train", f"out_dir={blocker}/run", "steps=1", "device=cpu"],
+            "out_dir is a file": ["train", f"out_dir={blocker}", "steps=1", "device=cpu"],
+            "out_dir read-only": ["train", f"out_dir={readonly}", "steps=1", "device=cpu"],
+            "jobs-dir under a file": ["jobs", "render", "--name", "demo", "--jobs-dir", f"{blocker}/jobs", "steps=2"],
+            "data_dir under a file": ["data", "fetch", "cifar10", "--data-dir", f"{blocker}/data"]}[where]
+    err = one_line_error(argv, capsys)
+    assert str(blocker if "read-only" not in where else readonly) in err
+    readonly.chmod(0o700)
+
+
+@pytest.mark.parametrize("reason", ["[Errno -3] Temporary failure in name resolution", "timed out",
+                                    "[Errno 111] Connection refused"])
+def test_data_fetch_without_internet_says_to_use_a_login_node(tmp_path, capsys, monkeypatch, reason):
+    import urllib.error
+
+    import torchvision
+
+    def offline(*a, **k):
+        raise urllib.error.URLError(reason)
+    monkeypatch.setattr(torchvision.datasets.utils, "urlopen", offline, raising=False)
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "download", lambda self: offline())
+    err = one_line_error(["data", "fetch", "cifar10", "--data-dir", str(tmp_path / "data")], capsys)
+    assert "login node with internet" in err and reason in err
+
+
+@pytest.fixture(scope="module")
+def small_folder(tmp_path_factory):
+    from tutorial_lib.imagefolder import write_imagefolder
+
+    root = tmp_path_factory.mktemp("imgs") / "data"
+    write_imagefolder(root / "imagefolder", train_size=32, val_size=16, processes=1)
+    return root
+
+
+@pytest.mark.parametrize("bad", ["truncated png", "text named .png", "empty file", "odd size", "grey odd size"])
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_bad_image_file_is_named(small_folder, tmp_path, capsys, bad, workers):
+    import shutil
+
+    from PIL import Image
+
+    data = tmp_path / "data"
+    shutil.copytree(small_folder, data)
+    target = sorted((data / "imagefolder" / "train").glob("*/*.png"))[5]
+    if bad == "truncated png":
+        target.write_bytes(target.read_bytes()[:60])
+    elif bad in ("text named .png", "empty file"):
+        target.write_bytes(b"" if bad == "empty file" else b"hello")
+    else:
+        Image.new("RGB" if bad == "odd size" else "L", (31, 40)).save(target)
+    err = one_line_error(["train", *tiny(tmp_path / "run", dataset="imagefolder", data_dir=str(data), train_size=32,
+                                          steps=2, num_workers=workers, eval=False).to_overrides()], capsys)
+    assert str(target) in err
+    assert ("31x40 pixels, not 32x32" in err) == ("odd size" in bad)
+
+
+@pytest.mark.parametrize("hidden", [".DS_Store", "._00000.png", ".ipynb_checkpoints/x.png"])
+def test_hidden_files_in_an_image_folder_are_skipped(small_folder, tmp_path, hidden):
+    import shutil
+
+    from tutorial_lib.imagefolder import ImageFolderImages
+
+    shutil.copytree(small_folder, tmp_path / "data")
+    train = tmp_path / "data" / "imagefolder" / "train"
+    for where in (train, train / sorted(os.listdir(train))[0]):
+        (where / hidden).parent.mkdir(parents=True, exist_ok=True)
+        (where / hidden).write_bytes(b"\0\0 not an image")
+    ds = ImageFolderImages(train)
+    assert len(ds) == 32 and len(ds.classes) == len(os.listdir(small_folder / "imagefolder" / "train"))
+    assert all(ds[i][0].shape == (3, 32, 32) for i in range(len(ds)))
+
+
+# ================================================================ jobs that fail must say why
+@pytest.mark.parametrize("tool,kw", [("nsys", dict(nsys=True)), ("kernprof", dict(line_profile=True))])
+def test_a_job_whose_tool_is_missing_says_how_to_get_it(tmp_path, tool, kw):
+    path = jobs.write("t_tool", TrainConfig(steps=2), site="local", jobs_dir=tmp_path, show=False, **kw)
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    for name in ("python", "python3"):  # the job's python, without kernprof or nsys next to it
+        (stub / name).symlink_to(sys.executable)
+    env = {"PATH": f"{stub}:/usr/bin:/bin", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_ID": "1",
+           "SLURM_JOB_NAME": "t_tool", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "node1",
+           "SLURM_CPUS_PER_TASK": "1", "HOME": str(tmp_path)}
+    (tmp_path / "tutorial_lib").mkdir()
+    p = subprocess.run(["bash", str(path)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert p.returncode == 2
+    assert f"error: {tool} is not on PATH on" in p.stderr and "site profile 'local'" in p.stderr
+
+
+def test_an_impossible_node_count_names_the_partitions_nodes(monkeypatch):
+    monkeypatch.setattr(slurm, "_sinfo", lambda fmt: "debug*: 2 nodes, 4 CPUs, 8000 MB, GRES gpu:2")
+    msg = slurm.refusal_message(Path("jobs/x.sbatch"), "sbatch: error: Batch job submission failed: Node count "
+                                                       "specification invalid")
+    assert "more nodes than its partition has" in msg and "debug*: 2 nodes" in msg
