@@ -1,7 +1,7 @@
 """THE training loop. Every way of running the workbook (notebook cell, CLI, torchrun, Slurm job) ends here.
 
 Read `Run.fit` top to bottom: fetch a batch, copy it to the device, forward under autocast, backward,
-optimizer step; around it a throughput meter, TensorBoard scalars, checkpoints and a profiler hook.
+optimizer step; around it the step clock, TensorBoard scalars, checkpoints and a profiler hook.
 """
 from __future__ import annotations
 
@@ -96,6 +96,16 @@ def lr_lambda(cfg: TrainConfig, total_steps: int):
     return f
 
 
+def check_timed(cfg: TrainConfig, total_steps: int, per_epoch: int) -> None:
+    """A run must time at least one step after its warm-up, or it has no throughput to report."""
+    if total_steps > cfg.timing_warmup:
+        return
+    steps = f"steps={total_steps}" if cfg.steps else f"epochs={cfg.epochs} x {per_epoch} steps per epoch"
+    raise ConfigError(f"{steps} is not above timing_warmup={cfg.timing_warmup}: no step would be timed and the "
+                      f"run would have no throughput; use steps={cfg.timing_warmup + 10} or more, or a smaller "
+                      "timing_warmup (0 times every step)")
+
+
 def percentile(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
@@ -120,6 +130,7 @@ class Run:
         self.input = data.build_input(cfg, "train", env, self.batch_size)
         self.steps_per_epoch = self.input.steps_per_epoch
         self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
+        check_timed(cfg, self.total_steps, self.steps_per_epoch)
         self.raw_model = models.build(cfg.model, data.num_classes(cfg.dataset)).to(self.device)
         if cfg.channels_last:
             self.raw_model = self.raw_model.to(memory_format=torch.channels_last)
@@ -191,25 +202,26 @@ class Run:
         cfg, env = self.cfg, self.env
         t_start = time.perf_counter()
         self.maybe_resume()
-        meter = StepMeter(self.device, skip=max(0, cfg.timing_warmup - self.step))
+        first_step = self.step
+        self.clock = clock = StepClock(self.device, warmup=max(0, cfg.timing_warmup - self.step))
         writer = self.tensorboard_writer()
         progress = self.progress_bar()
 
         def report(wait: bool = False) -> None:
-            self.report_losses(self.loss_log.ready(wait), writer, meter, progress)
+            self.report_losses(self.loss_log.ready(wait), writer, first_step, progress)
         old_handler = self.catch_preemption()
         try:
             with profiling.profiler(cfg, env) as prof:
                 batches = self.batches()
-                meter.start()
+                clock.start()
                 while self.step < self.total_steps:
                     with profiling.nvtx_range("data wait", cfg.nvtx):
                         t0 = time.perf_counter()
                         x, y = next(batches)
-                        meter.data_wait(time.perf_counter() - t0)
+                        clock.data_wait(time.perf_counter() - t0)
                     self.loss_log.add(self.train_step(x, y))
                     self.step += 1
-                    meter.step_end()
+                    clock.tick()
                     prof.step()
                     progress.update(1)
                     if self.step % cfg.log_every == 0 or self.step == self.total_steps:
@@ -241,14 +253,16 @@ class Run:
                 writer.close()
         if cfg.ckpt_every:
             self.save_checkpoint()
-        return self.finish(meter, time.perf_counter() - t_start)
+        return self.finish(clock, time.perf_counter() - t_start)
 
     @property
     def losses(self) -> list[float]:
         return self.loss_log.values
 
-    def report_losses(self, intervals, writer, meter, progress) -> None:
-        """Progress, log lines and TensorBoard scalars for the log intervals whose losses have arrived."""
+    def report_losses(self, intervals, writer, first_step: int, progress) -> None:
+        """Progress, log lines and TensorBoard scalars for the log intervals whose losses have arrived. Their
+        steps have completed on the device, so perf/img_per_s is the device's rate over them (the clock's
+        marks), not the pace at which the host queued them."""
         for step, values in intervals:
             progress.set_postfix(loss=f"{values[-1]:.3f}", refresh=False)
             if progress.disable:  # batch logs and pipes get a line per log interval instead of a bar
@@ -256,31 +270,23 @@ class Run:
             if writer:
                 writer.add_scalar("train/loss", sum(values) / len(values), step)
                 writer.add_scalar("train/lr", self.sched.get_last_lr()[0], step)
-                rate = meter.recent_rate(len(values))
+                rate = self.clock.rate(step - first_step, len(values))
                 if rate:
                     writer.add_scalar("perf/img_per_s", rate * self.batch_size * self.env.world_size, step)
                 if self.device.type == "cuda":
                     writer.add_scalar("perf/memory_mb", torch.cuda.max_memory_allocated(self.device) / 2**20, step)
 
-    def finish(self, meter: "StepMeter", wall: float) -> Result:
+    def finish(self, clock: "StepClock", wall: float) -> Result:
         cfg, env = self.cfg, self.env
-        times = meter.step_times_ms()
-        median = statistics.median(times) if times else float("nan")
-        slowest = max(distributed.all_gather(median, env))  # the job runs at the pace of its slowest rank
-        accuracy = self.evaluate() if cfg.eval else None
-        checksums = distributed.all_gather(models.param_checksum(self.raw_model), env)
-        peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None
         result = Result(
             config=cfg.to_dict(), device=device_name(self.device), world_size=env.world_size, steps=self.step,
-            global_batch=self.batch_size * env.world_size,
-            throughput_img_s=self.batch_size * env.world_size / (slowest / 1000) if times else 0.0,
-            step_time_ms={"median": median, "p10": percentile(times, 0.1) if times else median,
-                          "p90": percentile(times, 0.9) if times else median, "timed_steps": len(times),
-                          "slowest_rank_median": slowest},
-            data_wait_ms=statistics.median(meter.waits) * 1000 if meter.waits else 0.0,
+            global_batch=self.batch_size * env.world_size, **timing_fields(clock, self.batch_size, env),
             loss=self.losses, final_loss=self.losses[-1] if self.losses else float("nan"),
-            val_accuracy=accuracy, peak_memory_mb=peak, param_checksums=checksums,
-            resumed_from_step=self.resumed_from, wall_time_s=wall, torch_version=torch.__version__)
+            val_accuracy=self.evaluate() if cfg.eval else None,
+            peak_memory_mb=torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None,
+            param_checksums=distributed.all_gather(models.param_checksum(self.raw_model), env),
+            resumed_from_step=self.resumed_from, wall_time_s=wall, torch_version=torch.__version__,
+            num_workers_used=self.input.workers)
         if env.is_main:
             result.save(self.out)
         return result
@@ -366,6 +372,29 @@ class Run:
         log(self.env, f"resuming from step {self.step} of {path} (resume=false starts afresh)")
 
 
+def timing_fields(clock: "StepClock", batch_size: int, env: distributed.DistEnv) -> dict:
+    """The Result's timing figures. Throughput is the timed images over the timed time (after the warm-up),
+    of the slowest rank: a job moves at its slowest rank's pace. Mean-based on purpose: N DataLoader workers
+    deliver N batches in a burst and then the loop waits, and a median step would hide exactly that stall;
+    the median and p10/p90 step times stand beside it. Data wait: the mean per timed step, and the share of
+    the timed time spent waiting."""
+    times, total = clock.step_times_ms(), clock.total_seconds()
+    totals = distributed.all_gather(total, env)
+    slowest = max(range(len(totals)), key=totals.__getitem__)
+    nan = float("nan")  # no timed step (only a resumed run can get here): written as null
+    median = statistics.median(times) if times else nan
+    waited = sum(clock.waits)
+    return dict(
+        throughput_img_s=batch_size * env.world_size * clock.timed_steps / totals[slowest] if times else nan,
+        step_time_ms={"mean": 1000 * total / len(times) if times else nan, "median": median,
+                      "p10": percentile(times, 0.1) if times else nan, "p90": percentile(times, 0.9) if times else nan,
+                      "timed_steps": len(times), "slowest_rank": slowest,
+                      "slowest_rank_median": max(distributed.all_gather(median, env)),
+                      "slowest_rank_total_s": totals[slowest]},
+        data_wait_ms=1000 * waited / len(clock.waits) if clock.waits else 0.0,
+        data_wait_fraction=waited / total if total else nan)
+
+
 class LossLog:
     """Losses come back from the GPU without stopping it. Reading a loss (`.item()`, `.tolist()`) waits for
     the GPU to finish everything queued, after which it idles while Python queues the next step: on a fast
@@ -408,13 +437,18 @@ class LossLog:
         return out
 
 
-class StepMeter:
-    """Per-step times without a device sync per step: CUDA events on the GPU, the host clock on CPU.
-    The first `skip` steps (warm-up: cuDNN autotuning, compilation, allocator growth) are left out."""
+class StepClock:
+    """The one clock of the workbook (the training loop, the TensorBoard rate, every bench figure): a mark at
+    the end of each step once `warmup` steps are done (warm-up: cuDNN autotuning, compilation, allocator
+    growth), CUDA events on a GPU (recorded in the stream, never waited for in the loop), the host clock on a
+    CPU (where every op has finished when the step returns). Step times, windows and the total are all
+    differences of these marks. Also the host time each timed step waited for its batch."""
 
-    def __init__(self, device: torch.device, skip: int):
+    def __init__(self, device: torch.device, warmup: int):
         self.cuda = device.type == "cuda"
-        self.skip, self.marks, self.waits, self._recent = skip, [], [], []
+        self.warmup, self.steps = warmup, 0
+        self.marks: list = []  # marks[i]: the end of step warmup + i
+        self.waits: list[float] = []  # seconds each timed step waited for its batch
 
     def _mark(self):
         if self.cuda:
@@ -424,29 +458,56 @@ class StepMeter:
         return time.perf_counter()
 
     def start(self) -> None:
-        self.marks = [self._mark()]
-        self._recent = [time.perf_counter()]
-
-    def step_end(self) -> None:
-        self.marks.append(self._mark())
-        self._recent.append(time.perf_counter())
+        """Before the first step: with no warm-up the first timed step starts here."""
+        if self.warmup == 0:
+            self.marks.append(self._mark())
 
     def data_wait(self, seconds: float) -> None:
-        if len(self.marks) > self.skip:
+        """The step about to run waited `seconds` for its batch (counted once the warm-up is over)."""
+        if self.steps >= self.warmup:
             self.waits.append(seconds)
 
-    def recent_rate(self, n: int) -> float | None:
-        """Steps per second over the last n steps (host clock; called right after a device sync)."""
-        if len(self._recent) <= n:
-            return None
-        return n / (self._recent[-1] - self._recent[-1 - n])
+    def tick(self) -> None:
+        """The end of a step."""
+        self.steps += 1
+        if self.steps >= self.warmup:
+            self.marks.append(self._mark())
+
+    def _seconds(self, a, b) -> float:
+        return a.elapsed_time(b) / 1000 if self.cuda else b - a
+
+    def _read(self) -> None:
+        if self.cuda and self.marks:
+            self.marks[-1].synchronize()
+
+    @property
+    def timed_steps(self) -> int:
+        return max(0, len(self.marks) - 1)
+
+    def total_seconds(self) -> float:
+        """Time from the end of the warm-up to the last step (0.0 when no step was timed)."""
+        self._read()
+        return self._seconds(self.marks[0], self.marks[-1]) if self.timed_steps else 0.0
 
     def step_times_ms(self) -> list[float]:
-        marks = self.marks[self.skip:]
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
-        return [(b - a) * 1000 for a, b in zip(marks, marks[1:])]
+        self._read()
+        return [1000 * self._seconds(a, b) for a, b in zip(self.marks, self.marks[1:])]
+
+    def window_seconds(self, window: int) -> list[float]:
+        """The time of each full window of `window` timed steps (for the spread of a figure)."""
+        self._read()
+        ends = self.marks[::window]
+        return [self._seconds(a, b) for a, b in zip(ends, ends[1:])]
+
+    def rate(self, step: int, n: int) -> float | None:
+        """Steps per second on the device over the n steps ending at the `step`-th tick (of this clock), from
+        their marks; None where they were not timed (warm-up). Call it only once that step has completed on
+        the device (its loss has arrived): then reading the events does not wait."""
+        last = step - self.warmup
+        first = max(0, last - n)
+        if last <= first or last >= len(self.marks):
+            return None
+        return (last - first) / self._seconds(self.marks[first], self.marks[last])
 
 
 @contextmanager

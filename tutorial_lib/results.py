@@ -21,7 +21,7 @@ class Result:
     global_batch: int
     throughput_img_s: float
     step_time_ms: dict
-    data_wait_ms: float
+    data_wait_ms: float  # mean time a timed step waited for its batch
     loss: list
     final_loss: float
     val_accuracy: float | None
@@ -30,6 +30,8 @@ class Result:
     resumed_from_step: int | None
     wall_time_s: float
     torch_version: str
+    data_wait_fraction: float | None = None  # share of the timed time the loop waited for batches
+    num_workers_used: int | None = None  # DataLoader workers the run had (num_workers=auto resolved)
 
     def summary(self) -> str:
         acc = "n/a" if self.val_accuracy is None else f"{100 * self.val_accuracy:.1f}%"
@@ -37,8 +39,13 @@ class Result:
         first = f"{self.loss[0]:.3f}" if self.loss else "n/a"
         return (f"{self.throughput_img_s:,.0f} img/s on {self.device} x{self.world_size} | step "
                 f"{self.step_time_ms['median']:.1f} ms (p10 {self.step_time_ms['p10']:.1f}, p90 "
-                f"{self.step_time_ms['p90']:.1f}) | loss {first} -> {self.final_loss:.3f} | "
+                f"{self.step_time_ms['p90']:.1f}){self._waited()} | loss {first} -> {self.final_loss:.3f} | "
                 f"val acc {acc} | peak mem {mem}")
+
+    def _waited(self) -> str:
+        if self.data_wait_fraction is None:
+            return ""
+        return f" | data wait {self.data_wait_ms:.1f} ms/step ({100 * self.data_wait_fraction:.0f}%)"
 
     def __repr__(self) -> str:
         return f"Result({self.summary()})"
