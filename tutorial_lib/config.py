@@ -136,7 +136,7 @@ class TrainConfig:
     out_dir: str = "runs/default"  # result.json, checkpoint.pt, TensorBoard logs (tb/) and traces go here
     ckpt_every: int = 0  # steps between checkpoints, and one at the end (0: none, except on preemption)
     resume: bool = True  # continue from out_dir/checkpoint.pt when it exists
-    timing_warmup: int = 5  # steps left out of the throughput figures
+    timing_warmup: int = 5  # first steps left out of the throughput figures (steps must be more)
     log_every: int = 10  # steps between loss lines, TensorBoard points and stop checks
     eval: bool = True  # validation accuracy at the end
     tensorboard: bool = True  # write TensorBoard scalars to out_dir/tb
