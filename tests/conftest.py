@@ -4,9 +4,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-os.environ.setdefault("KINETO_LOG_LEVEL", "99")
-os.environ.setdefault("WORKBOOK_STATE_DIR", str(ROOT / "build" / "test-state"))
+ROOT = Path(__file__).resolve().parents[1]  # the environment of a test run: ../conftest.py
 
 
 def tiny(out_dir, **kw):

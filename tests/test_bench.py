@@ -88,26 +88,47 @@ def test_heavy_model_is_compute_bound(tiny_cfg, model_seconds):
     assert "on a CPU the step is the limit" in r.verdict
 
 
-def fig(measure, img_s):
-    return Measurement(measure, img_s, img_s, img_s, 4, 10, 0, [img_s])
+def fig(measure, img_s, spread=0.0):
+    return Measurement(measure, img_s, img_s * (1 - spread), img_s * (1 + spread), 4, 10, 0, [img_s])
 
 
 @pytest.mark.parametrize("io_, syn, full, cfg_kw, expected", [
-    (9_300, 41_000, 9_100, dict(num_workers=2), ["input-bound: FULL 9,100 ≈ IO 9,300 < SYNTHETIC 41,000 img/s",
-                                                 "loader=gpu_resident", "raise num_workers (now 2; you have 8 CPUs"]),
+    (9_300, 41_000, 9_100, dict(num_workers=2), ["input-bound: FULL 9,100 (±0%) ≈ IO 9,300 (±0%) < SYNTHETIC "
+                                                 "41,000 (±0%) img/s", "loader=gpu_resident",
+                                                 "raise num_workers (now 2; you have 8 CPUs"]),
     (9_300, 41_000, 9_100, dict(num_workers=7), ["ask for more CPUs per task: num_workers=7 already uses your 8"]),
-    (90_000, 9_000, 8_900, dict(precision="fp32"), ["compute-bound: FULL 8,900 ≈ SYNTHETIC 9,000 < IO 90,000",
-                                                    "precision=bf16"]),
-    (90_000, 30_000, 29_000, dict(precision="bf16", channels_last=True), ["compile=true"]),
-    (20_000, 21_000, 12_000, dict(num_workers=7), ["balanced: IO 20,000 ≈ SYNTHETIC 21,000", "FULL is 40% below",
-                                                   "7 workers and the training loop share 8 CPUs"]),
+    (9_300, 41_000, 9_100, dict(), ["ask for more CPUs per task: num_workers=7 already uses your 8"]),  # auto: 8 - 1
+    (90_000, 9_000, 8_900, dict(precision="fp32"), ["compute-bound: FULL 8,900 (±0%) ≈ SYNTHETIC 9,000 (±0%) < IO "
+                                                    "90,000", "precision=bf16"]),
+    (90_000, 30_000, 29_000, dict(precision="bf16", channels_last=True),
+     ["compile=true compile_mode=reduce-overhead", "larger batch_size (now 128"]),
+    (90_000, 30_000, 29_000, dict(precision="bf16", channels_last=True, compile=True, compile_mode="reduce-overhead"),
+     ["a larger batch_size (now 128", "more GPUs"]),
+    # notebook 03 on an H200 with loader=gpu_resident: FULL 0.77 of SYNTHETIC while IO is far above both
+    (120_000, 39_500, 30_455, dict(precision="bf16", channels_last=True, loader="gpu_resident", batch_size=256),
+     ["host/launch-bound: FULL 30,455 (±0%) is 23% below SYNTHETIC 39,500 (±0%) img/s while IO 120,000 (±0%) keeps up",
+      "compile=true compile_mode=reduce-overhead", "larger batch_size (now 256"]),
+    (20_000, 21_000, 12_000, dict(num_workers=7), ["host/launch-bound: FULL 12,000 (±0%) is 43% below SYNTHETIC",
+                                                   "7 workers and the training loop share 8 CPUs: try fewer workers"]),
 ])
 def test_verdict_names_the_bound_and_the_knob(monkeypatch, io_, syn, full, cfg_kw, expected):
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "8")
     figures = {"io": fig("io", io_), "synthetic": fig("synthetic", syn), "full": fig("full", full)}
-    _, text = bench.verdict(figures, data.TrainConfig(**cfg_kw), "cuda")
+    bound, text = bench.verdict(figures, data.TrainConfig(**cfg_kw), "cuda")
     for words in expected:
         assert words in text, text
+    assert (bound == "launch") == text.startswith("host/launch-bound")
+    if full < 0.8 * syn:
+        assert bound != "compute", text  # a FULL well below SYNTHETIC is never called compute-bound
+    assert "compile=true:" not in text and not text.rstrip(")").endswith("compile=true")  # never plain compile
+
+
+def test_verdict_shows_each_figures_window_spread():
+    figures = {"io": fig("io", 9_300, 0.05), "synthetic": fig("synthetic", 41_000, 0.2), "full": fig("full", 9_100)}
+    _, text = bench.verdict(figures, data.TrainConfig(num_workers=0), "cpu")
+    assert "IO 9,300 (±5%)" in text and "SYNTHETIC 41,000 (±20%)" in text
+    line = figures["io"].line("CPU", 1)
+    assert "(windows 8,835-9,765, 4 x 10 steps, 1 rank)" in line
 
 
 def test_bad_bench_options_are_one_line_errors(capsys):

@@ -13,7 +13,8 @@ from tutorial_lib.config import ConfigError, TrainConfig, load
     (["batch_size=0"], "batch_size=0 must be a positive integer"),
     (["batch_size=-8"], "batch_size=-8 must be a positive integer"),
     (["steps=-1"], "steps=-1 must be a positive integer"),
-    (["num_workers=-2"], "num_workers=-2 must be >= 0"),
+    (["num_workers=-2"], "num_workers=-2 must be auto or an integer >= 0"),
+    (["num_workers=x"], "num_workers='x' must be auto or an integer >= 0"),
     (["lr=0"], "lr=0.0 must be > 0"),
     (["batch_size=abc"], "batch_size='abc' is not a valid int"),
     (["batchsize=64"], "unknown key 'batchsize' (did you mean 'batch_size'?)"),
@@ -80,3 +81,16 @@ def test_cli_bad_input_is_one_line_and_nonzero(args, message, tmp_path):
     assert "Traceback" not in p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], p.stderr
+
+
+def test_num_workers_auto_follows_the_cpus_this_process_was_given(monkeypatch):
+    from tutorial_lib.config import TrainConfig, usable_cpus
+
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "8")
+    assert TrainConfig().num_workers == "auto" and TrainConfig().workers() == 7
+    assert TrainConfig(num_workers=2).workers() == 2  # a value the user set is kept
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "32")
+    assert TrainConfig().workers() == 8  # capped
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")  # 4 processes of one torchrun share the task's CPUs
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert usable_cpus() == 8 and TrainConfig().workers() == 7

@@ -58,7 +58,7 @@ def test_every_launch_mode_on_every_site_is_valid_bash(tmp_path, site, layout, e
     text = path.read_text()
     assert text.startswith("#!/bin/bash") and "\nset -euo pipefail\n" in text
     assert "--kill-on-bad-exit=1" in text and "pkill" not in text
-    assert 'cpus_per_process' in text and '"num_workers=$cpus_per_process"' in text
+    assert 'cpus_per_process' in text and "export OMP_NUM_THREADS=" in text and "    num_workers=" not in text
     check_bash(path)
 
 
@@ -187,17 +187,35 @@ def test_sweep_becomes_a_job_array_with_one_out_dir_per_point(tmp_path):
     assert "results: runs/sw/<point>/result.json" in text
 
 
-def test_a_num_workers_sweep_does_not_also_set_num_workers_from_slurm(tmp_path):
+def thread_plan(text: str, cpus: int, case: str = "") -> tuple[int, int]:
+    """(DataLoader workers, OMP_NUM_THREADS) the job's lines give a process of `cpus` CPUs."""
+    lines = [l.strip() for l in text.splitlines() if l.strip().startswith(("workers=", "export OMP_NUM_THREADS="))]
+    script = f"set -eu; cpus_per_process={cpus}; {case}" + "; ".join(lines) + '; echo "$workers $OMP_NUM_THREADS"'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    workers, threads = map(int, out.stdout.split())
+    return workers, threads
+
+
+def test_a_num_workers_sweep_gives_each_point_its_workers_and_the_threads_they_leave(tmp_path):
     path = jobs.write("nw", tiny(out_dir="runs/nw"), site="local", jobs_dir=tmp_path, show=False,
                       sweep={"num_workers": [0, 2]})
     text = path.read_text()
-    assert "program+=(num_workers=2)" in text and "num_workers=$cpus_per_process" not in text
+    assert "workers=2; program+=(num_workers=2)" in text
+    assert thread_plan(text, 8, "workers=2; ") == (2, 6) and thread_plan(text, 8, "workers=0; ") == (0, 8)
 
 
-def test_num_workers_comes_from_slurm_unless_the_config_sets_it():
-    assert '"num_workers=$cpus_per_process"' in render(site="generic")
-    explicit = render(site="generic", cfg=tiny(num_workers=3))
-    assert "    num_workers=3\n" in explicit and "num_workers=$cpus_per_process" not in explicit
+def test_num_workers_auto_is_resolved_in_the_job_by_the_one_rule_and_an_explicit_value_is_kept():
+    from tutorial_lib.config import default_workers
+
+    auto = render(site="generic")
+    assert "    num_workers=" not in auto  # the training resolves auto itself, on the CPUs Slurm gave it
+    for cpus in (1, 2, 4, 16):
+        workers, threads = thread_plan(auto, cpus)
+        assert workers == default_workers(cpus) and threads == max(1, cpus - workers)  # never oversubscribed
+    for value in (2, 3):  # 2 was the old default, which a job used to replace by the CPU count
+        explicit = render(site="generic", cfg=tiny(num_workers=value))
+        assert f"    num_workers={value}\n" in explicit and thread_plan(explicit, 8) == (value, 8 - value)
 
 
 def test_each_job_gets_its_own_out_dir_and_no_progress_bar():

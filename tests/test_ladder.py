@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from conftest import ROOT, cli, tiny
-from tutorial_lib import config, distributed, engine, ladder, models, peaks
+from tutorial_lib import config, distributed, engine, ladder, meters, models, peaks
 from tutorial_lib.config import ConfigError, TrainConfig
 
 TINY = ladder.Sizes(batch=8, big_batch=16, steps=3, big_steps=2, warmup=1, model="resnet18_imagenet", train_size=64,
@@ -62,16 +62,16 @@ def test_compile_time_is_reported_and_left_out_of_the_step_times(tmp_path, monke
     assert plain.compile_time_s is None
 
 
-def test_step_meter_times_the_first_step_without_its_data_wait():
-    meter = engine.StepMeter(torch.device("cpu"), skip=1, time_first=True)
-    meter.start()
+def test_step_clock_times_the_first_step_without_its_data_wait():
+    clock = meters.StepClock(torch.device("cpu"), warmup=1, time_first=True)
+    clock.start()
     time.sleep(0.2)
-    meter.data_wait(0.2)
+    clock.data_wait(0.2)
     time.sleep(0.3)
-    meter.step_end()
-    meter.step_end()
-    assert 0.28 < meter.first_step_s < 0.45
-    assert len(meter.step_times_ms()) == 1 and meter.step_times_ms()[0] < 100
+    clock.tick()
+    clock.tick()
+    assert 0.28 < clock.first_step_s < 0.45
+    assert len(clock.step_times_ms()) == 1 and clock.step_times_ms()[0] < 100
 
 
 # ------------------------------------------------------------------------------------------- FLOPs and MFU

@@ -73,6 +73,19 @@ def test_tensorboard_lists_the_run_in_the_profiler_plugin(cpu_run):
     assert "Overview" in runs.get(run, []), runs
 
 
+def test_profiling_two_cycles_warns_nothing_and_writes_a_trace_per_cycle(tmp_path):
+    import warnings
+
+    out = tmp_path / "two"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. torch's "Profiler clears events at the end of each cycle"
+        engine.train(tiny(out, **{**PROFILE, "steps": 9, "profile_repeat": 2}))
+    files = sorted(profiling.trace_dir(out).iterdir(), key=lambda f: f.stat().st_mtime)
+    steps = [[e["name"] for e in json.load(gzip.open(f))["traceEvents"]
+              if e.get("name", "").startswith("ProfilerStep#")] for f in files]
+    assert steps == [["ProfilerStep#2", "ProfilerStep#3"], ["ProfilerStep#6", "ProfilerStep#7"]]  # each its own
+
+
 def test_too_few_steps_for_the_profiler_schedule_names_the_fix(tmp_path):
     from tutorial_lib.distributed import DistEnv
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tutorial_lib import jobs, ladder
-from tutorial_lib.config import TrainConfig
+from tutorial_lib.config import TrainConfig, load
 from tutorial_lib.slurm import Job, SubmitError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,7 +155,7 @@ def test_single_gpu_job_on_the_default_profile_completes(jobs_submitted, work):
     assert finished(job) == "COMPLETED"
     res = job.result()
     assert res["world_size"] == 1 and res["steps"] == 6
-    assert res["config"]["num_workers"] == 1  # from SLURM_CPUS_PER_TASK
+    assert res["config"]["num_workers"] == "auto" and res["num_workers_used"] == 0  # auto on 1 CPU per task
     assert "job " in job.log(200) and "node1" in job.log(200)  # the script says where it runs
 
 
@@ -279,3 +279,48 @@ def test_committed_job_files_are_accepted_by_the_scheduler():
     for path in files:
         proc = subprocess.run(["sbatch", "--test-only", str(path)], cwd=ROOT, capture_output=True, text=True)
         assert proc.returncode == 0 and "to start at" in proc.stderr, f"{path.name}: {proc.stderr}"
+
+
+# ---------------------------------------------------------------------------- the committed jobs, run
+CPU_SIZES = ["model=resnet18_imagenet", "steps=6", "timing_warmup=1", "batch_size=8", "train_size=64", "val_size=32",
+             "device=cpu", "log_every=2"]
+SITE_WORDS = ("time", "partition", "account", "qos", "constraint", "cpus_per_task", "mem", "output", "error")
+
+
+def cpu_sized(path: Path, work: Path) -> Path:
+    """`path` rendered again from its own record, as its notebook renders it, with CPU sizes on the local site."""
+    rec = jobs.render_record(path)
+    cfg = load(None, [*rec["overrides"], *CPU_SIZES, f"out_dir={work}/committed/{rec['name']}"])
+    if cfg.precision in ("fp16", "tf32"):  # CUDA-only modes
+        cfg = cfg.replace(precision="fp32")
+    kept = {k: v for k, v in rec["resources"].items() if k not in SITE_WORDS}
+    log = f"{work}/logs/%x-%A_%a.out" if rec.get("sweep") else f"{work}/logs/%x-%j.out"
+    return jobs.write(rec["name"], cfg, site="local", sweep=rec.get("sweep"), description=rec.get("description"),
+                      jobs_dir=work / "committed_jobs", show=False, time="00:10:00", output=log, **kept)
+
+
+COMMITTED = sorted((ROOT / "jobs").glob("*.sbatch"))
+
+
+@pytest.fixture(scope="module")
+def committed_submitted(work):
+    """Every committed job file, CPU-sized, submitted at once (nsys and nvidia-smi are the fakes above)."""
+    fake = _fake_tools(work / "bin")
+    env = f"--export=ALL,PATH={fake}:{os.environ['PATH']},FAKE_PIDS={work}/smi.pids,FAKE_NSYS_LOG={work}/nsys"
+    submitted = {path.name: jobs.submit(cpu_sized(path, work), sbatch_args=[env]) for path in COMMITTED}
+    yield submitted
+    for job in submitted.values():
+        subprocess.run(["scancel", job.id], capture_output=True)
+
+
+@pytest.mark.parametrize("name", [p.name for p in COMMITTED])
+def test_every_committed_job_runs_to_completed_with_cpu_sizes(committed_submitted, name):
+    job = committed_submitted[name]
+    assert finished(job, timeout=400) == "COMPLETED"
+    record = jobs.render_record(ROOT / "jobs" / name)
+    results = job.results()
+    assert len(results) == len(record.get("sweep") or [None])  # a result.json for every task
+    assert all(r["steps"] == 6 and r["throughput_img_s"] > 0 for r in results)
+    if record.get("sweep"):  # the swept key reached each task
+        for point, r in zip(record["sweep"], results):
+            assert all(str(r["config"][k]) == v for k, v in point.items())

@@ -51,6 +51,28 @@ def test_stale_record_is_ignored(state, tmp_path):
     assert [r.pid for r in tensorboard.running()] == [tb.pid]
 
 
+def test_a_tensorboard_a_test_run_started_is_stopped_when_the_run_ends(tmp_path):
+    """The root conftest.py stops every TensorBoard the session started (tests and notebook kernels)."""
+    import subprocess
+    import sys
+    import time
+
+    if os.environ.get("TB_CHILD_LOGDIR"):  # inside the pytest run started below
+        print("pid", tensorboard.start(os.environ["TB_CHILD_LOGDIR"]).pid)
+        return
+    env = {**os.environ, "TB_CHILD_LOGDIR": str(tmp_path / "runs"), "WORKBOOK_STATE_DIR": str(tmp_path / "state")}
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+                        f"{__file__}::test_a_tensorboard_a_test_run_started_is_stopped_when_the_run_ends"],
+                       capture_output=True, text=True, env=env, cwd=os.path.dirname(os.path.dirname(__file__)),
+                       timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:]
+    pid = int(p.stdout.split("pid ", 1)[1].split()[0])
+    with pytest.raises(ProcessLookupError):  # gone: no orphan process group left behind
+        for _ in range(50):
+            os.kill(pid, 0)
+            time.sleep(0.1)
+
+
 def test_jupyterhub_link_goes_through_the_proxy(monkeypatch):
     tb = tensorboard.TensorBoard(pid=1, port=6006, logdir="/x")
     monkeypatch.delenv("JUPYTERHUB_SERVICE_PREFIX", raising=False)

@@ -8,9 +8,10 @@ IO         the input pipeline alone: every batch loaded, copied to the device an
 SYNTHETIC  the training step alone, on a pool of distinct batches already on the device
 FULL       the real training loop (`engine.Run.fit`), input and step together
 
-Each figure is the median over timed windows of `window` steps after a warm-up, timed on the device (CUDA
-events, read after a synchronize; the host clock on a CPU), on every rank. A job runs at the pace of its
-slowest rank, so that rank's figure is the job's. A pool of distinct batches (not one batch reused, which
+Each figure is defined as the training's throughput_img_s is: the images of the timed steps (after a
+warm-up) over their time, on the engine's clock (StepClock: CUDA events on a GPU, the host clock on a
+CPU), on every rank; beside it the slowest and fastest window of `window` steps, so that an effect can be
+told from noise. A job runs at the pace of its slowest rank, so that rank's figure is the job's. A pool of distinct batches (not one batch reused, which
 stays in cache and flatters SYNTHETIC) and per-rank timing (not rank 0 only) keep the figures honest.
 """
 from __future__ import annotations
@@ -19,15 +20,12 @@ import collections
 import contextlib
 import io
 import json
-import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
 from . import data, distributed, engine
 from .config import TrainConfig, UserError, usable_cpus
+from .meters import StepClock
 from .results import atomic_write_text
 
 MEASURES = ("io", "synthetic", "full")
@@ -39,13 +37,13 @@ FULL_SIZES = {"shapes": 50_000, "imagefolder": 50_000, "cifar10": 50_000, "cifar
 class Measurement:
     """One measure of the job: images/s of its slowest rank (times the world size) and that rank's spread."""
     measure: str
-    img_s: float  # the job's figure: median window of the slowest rank x world size
+    img_s: float  # the job's figure: timed images / timed time of the slowest rank x world size
     img_s_low: float  # that rank's slowest window (x world size)
     img_s_high: float  # its fastest window
     windows: int
     window_steps: int
     slowest_rank: int
-    per_rank_img_s: list  # each rank's own median (img/s of that rank alone)
+    per_rank_img_s: list  # each rank's own figure (img/s of that rank alone)
 
     def line(self, device: str, world_size: int) -> str:
         ranks = f"slowest of {world_size} ranks" if world_size > 1 else "1 rank"
@@ -60,9 +58,10 @@ class BenchResult:
     world_size: int
     global_batch: int
     figures: dict  # measure -> Measurement
-    bound: str | None  # "input", "compute", "balanced" (None when IO or SYNTHETIC was not measured)
+    bound: str | None  # "input", "compute", "launch", "balanced" (None when IO or SYNTHETIC was not measured)
     verdict: str | None
-    full_data_wait_ms: float | None = None  # median time per step FULL waited for its batch (engine's meter)
+    full_data_wait_ms: float | None = None  # mean time per step FULL waited for its batch (the engine's clock)
+    full_data_wait_fraction: float | None = None  # share of FULL's timed time spent waiting for batches
 
     def img_s(self, measure: str) -> float:
         return self.figures[measure].img_s
@@ -70,7 +69,8 @@ class BenchResult:
     def summary(self) -> str:
         lines = [f.line(self.device, self.world_size) for f in self.figures.values()]
         if self.full_data_wait_ms is not None:
-            lines[-1] += f" | waited {self.full_data_wait_ms:.1f} ms/step for data"
+            share = f" ({100 * self.full_data_wait_fraction:.0f}% of the time)" if self.full_data_wait_fraction else ""
+            lines[-1] += f" | waited {self.full_data_wait_ms:.1f} ms/step for data{share}"
         if self.verdict:
             lines.append(f"verdict: {self.verdict}")
         return "\n".join(lines)
@@ -84,64 +84,46 @@ class BenchResult:
 
 
 # ---------------------------------------------------------------------------- timing
-class WindowClock:
-    """A mark after the warm-up and then every `window` steps: CUDA events on a GPU (the loop is never
-    synchronised; the events are read at the end), the host clock on a CPU (where every op is synchronous)."""
-
-    def __init__(self, device: torch.device, warmup: int, window: int, windows: int):
-        self.cuda = device.type == "cuda"
-        self.warmup, self.window, self.windows = warmup, window, windows
-        self.total_steps = warmup + window * windows
-        self.steps, self.marks = 0, []
-
-    def tick(self) -> None:
-        self.steps += 1
-        timed = self.steps - self.warmup
-        if timed >= 0 and timed % self.window == 0:
-            if self.cuda:
-                self.marks.append(torch.cuda.Event(enable_timing=True))
-                self.marks[-1].record()
-            else:
-                self.marks.append(time.perf_counter())
-
-    def window_seconds(self) -> list[float]:
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) / 1000 for a, b in zip(self.marks, self.marks[1:])]
-        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+def clock(run: engine.Run, warmup: int) -> StepClock:
+    """The engine's clock (StepClock), which FULL gets from `Run.fit` itself."""
+    return StepClock(run.device, warmup)
 
 
-def measurement(measure: str, clock: WindowClock, batch: int, env) -> Measurement:
-    """The job's figure from every rank's windows (gathered): the slowest rank's median, with its spread."""
-    rates = [clock.window * batch / s for s in clock.window_seconds()]
-    if not rates:
+def measurement(measure: str, clock: StepClock, window: int, batch: int, env) -> Measurement:
+    """The job's figure, defined as the training's throughput_img_s is (meters.timing_fields): timed images over
+    timed time, of the rank that took longest; the spread: that rank's slowest and fastest window."""
+    seconds = clock.total_seconds()
+    if not clock.timed_steps or not seconds:
         raise UserError(f"{measure}: no timed window; raise --steps (it is split into windows of --window steps)")
-    every = distributed.all_gather(rates, env)
-    medians = [statistics.median(r) for r in every]
-    slow = min(range(len(medians)), key=medians.__getitem__)
+    rates = [window * batch / s for s in clock.window_seconds(window)]
+    every = distributed.all_gather((clock.timed_steps * batch / seconds, rates), env)
+    slow = min(range(len(every)), key=lambda r: every[r][0])
     w = env.world_size
-    return Measurement(measure, medians[slow] * w, min(every[slow]) * w, max(every[slow]) * w, len(rates), clock.window,
-                  slow, medians)
+    own, windows = every[slow]
+    return Measurement(measure, own * w, min(windows) * w, max(windows) * w, len(rates), window, slow,
+                       [r for r, _ in every])
 
 
 # ---------------------------------------------------------------------------- the three measures
-def measure_io(run: engine.Run, clock: WindowClock, pool_size: int) -> list:
+def measure_io(run: engine.Run, clock: StepClock, steps: int, pool_size: int) -> list:
     """Iterate the run's input (load, copy to the device, normalise) and nothing else; keep the last
     `pool_size` batches for SYNTHETIC."""
     pool = collections.deque(maxlen=pool_size)
     batches = run.batches()
-    for _ in range(clock.total_steps):
+    clock.start()
+    for _ in range(steps):
         pool.append(next(batches))
         clock.tick()
     batches.close()  # ends the epoch's iterator, so its DataLoader workers exit now
     return list(pool)
 
 
-def measure_synthetic(run: engine.Run, clock: WindowClock, pool: list) -> None:
+def measure_synthetic(run: engine.Run, clock: StepClock, steps: int, pool: list) -> None:
     """The training step on distinct batches already on the device; the schedule is rewound afterwards,
     so FULL trains with the learning rates of a fresh run."""
     sched = run.sched.state_dict()
-    for i in range(clock.total_steps):
+    clock.start()
+    for i in range(steps):
         run.train_step(*pool[i % len(pool)])
         clock.tick()
     run.sched.load_state_dict(sched)
@@ -149,21 +131,10 @@ def measure_synthetic(run: engine.Run, clock: WindowClock, pool: list) -> None:
         group["lr"] = lr
 
 
-def measure_full(run: engine.Run, clock: WindowClock) -> engine.Result:
-    """`Run.fit`, the loop every training run uses, with a clock tick after each step."""
-    step = run.train_step
-
-    def timed_step(x, y):
-        loss = step(x, y)
-        clock.tick()
-        return loss
-
-    run.train_step = timed_step
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # the run's own "step k/N loss" lines
-            return run.fit()
-    finally:
-        del run.train_step  # the closure refers to run: no reference cycle keeps its GPU memory alive
+def measure_full(run: engine.Run) -> engine.Result:
+    """`Run.fit`, the loop every training run uses, timed by its own clock (`run.clock`)."""
+    with contextlib.redirect_stdout(io.StringIO()):  # the run's own "step k/N loss" lines
+        return run.fit()
 
 
 # ---------------------------------------------------------------------------- bench
@@ -183,7 +154,7 @@ def bench(cfg: TrainConfig, steps: int | None = None, window: int | None = None,
     if steps < window:
         raise UserError(f"steps={steps} is shorter than one window of {window} steps; raise steps or lower window")
     n_windows = steps // window
-    prefetched = cfg.num_workers * cfg.prefetch_factor if cfg.loader != "gpu_resident" else 0
+    prefetched = cfg.workers() * cfg.prefetch_factor if cfg.loader != "gpu_resident" else 0
     run_cfg = cfg.replace(steps=warmup + prefetched + n_windows * window, timing_warmup=warmup + prefetched,
                           resume=False, eval=False, ckpt_every=0, profile=False, progress=False)
     with engine.prepared_run(run_cfg) as run:
@@ -194,57 +165,64 @@ def bench(cfg: TrainConfig, steps: int | None = None, window: int | None = None,
 
 
 def _measure(run, env, measures, n_windows, window, warmup, prefetched, pool_size) -> BenchResult:
-    def clock(extra_warmup):
-        return WindowClock(env.device, warmup + extra_warmup, window, n_windows)
-
+    timed = n_windows * window
     figures, full, pool = {}, None, []
     if "io" in measures:
-        io_clock = clock(prefetched)
-        pool = measure_io(run, io_clock, pool_size)
-        figures["io"] = measurement("io", io_clock, run.batch_size, env)
+        c = clock(run, warmup + prefetched)
+        pool = measure_io(run, c, warmup + prefetched + timed, pool_size)
+        figures["io"] = measurement("io", c, window, run.batch_size, env)
     elif "synthetic" in measures:
-        pool = measure_io(run, WindowClock(env.device, pool_size, 1, 0), pool_size)  # untimed
+        pool = measure_io(run, clock(run, pool_size), pool_size, pool_size)  # untimed
     if "synthetic" in measures:
-        c = clock(0)
-        measure_synthetic(run, c, pool)
-        figures["synthetic"] = measurement("synthetic", c, run.batch_size, env)
+        c = clock(run, warmup)
+        measure_synthetic(run, c, warmup + timed, pool)
+        figures["synthetic"] = measurement("synthetic", c, window, run.batch_size, env)
     del pool
     if "full" in measures:
-        c = clock(prefetched)
-        full = measure_full(run, c)
-        figures["full"] = measurement("full", c, run.batch_size, env)
+        full = measure_full(run)  # its config times the steps after warmup + prefetched
+        figures["full"] = measurement("full", run.clock, window, run.batch_size, env)
     bound, text = None, None
     if "io" in figures and "synthetic" in figures:
         bound, text = verdict(figures, run.cfg, env.device.type)
     device = engine.device_name(env.device)
     return BenchResult(run.cfg.to_dict(), device, env.world_size, run.batch_size * env.world_size, figures, bound, text,
-                       full.data_wait_ms if full else None)
+                       full.data_wait_ms if full else None, full.data_wait_fraction if full else None)
 
 
 # ---------------------------------------------------------------------------- verdict
 def verdict(figures: dict, cfg: TrainConfig, device_type: str) -> tuple[str, str]:
-    """What bounds the run ("input", "compute" or "balanced") and a sentence with the figures and the knob
-    to turn next. IO and SYNTHETIC within CLOSE of each other count as balanced."""
+    """What bounds the run and a sentence with the figures (each with its window spread) and the knob to turn
+    next: "input" (IO below SYNTHETIC), "launch" (FULL well below SYNTHETIC while IO keeps up: the host
+    thread that runs the loop, launching the input's and the step's kernels, is the limit), "compute"
+    (SYNTHETIC below IO and FULL with it) or "balanced". Figures within CLOSE of each other count as equal."""
     io_, syn = figures["io"].img_s, figures["synthetic"].img_s
     full = figures["full"].img_s if "full" in figures else None
-    f = lambda v: f"{v:,.0f}"  # noqa: E731
+    f = {m: _figure(fig) for m, fig in figures.items()}
     if io_ < (1 - CLOSE) * syn:
-        bound = "input"
-        head = f"FULL {f(full)} {_relation(full, io_)} " if full else ""
-        text = f"input-bound: {head}IO {f(io_)} < SYNTHETIC {f(syn)} img/s — {input_knob(cfg, device_type)}"
+        head = f"FULL {f['full']} {_relation(full, io_)} " if full else ""
+        bound, text = "input", f"input-bound: {head}IO {f['io']} < SYNTHETIC {f['synthetic']} img/s — {input_knob(cfg, device_type)}"
+    elif full is not None and full < (1 - 2 * CLOSE) * syn:
+        return "launch", (f"host/launch-bound: FULL {f['full']} is {100 * (1 - full / syn):.0f}% below SYNTHETIC "
+                          f"{f['synthetic']} img/s while IO {f['io']} keeps up: the CPU thread that runs the loop, "
+                          f"queuing the input's and the step's work, is the limit — {launch_knob(cfg, device_type)}")
     elif syn < (1 - CLOSE) * io_:
-        bound = "compute"
-        head = f"FULL {f(full)} {_relation(full, syn)} " if full else ""
-        text = f"compute-bound: {head}SYNTHETIC {f(syn)} < IO {f(io_)} img/s — {compute_knob(cfg, device_type)}"
+        head = f"FULL {f['full']} {_relation(full, syn)} " if full else ""
+        bound, text = "compute", (f"compute-bound: {head}SYNTHETIC {f['synthetic']} < IO {f['io']} img/s — "
+                                  f"{compute_knob(cfg, device_type)}")
     else:
-        bound = "balanced"
-        tail = f", FULL {f(full)}" if full else ""
-        text = (f"balanced: IO {f(io_)} ≈ SYNTHETIC {f(syn)} img/s{tail} — speeding up one side alone gains "
-                f"little: {input_knob(cfg, device_type)}; and {compute_knob(cfg, device_type)}")
+        tail = f", FULL {f['full']}" if full else ""
+        bound, text = "balanced", (f"balanced: IO {f['io']} ≈ SYNTHETIC {f['synthetic']} img/s{tail} — speeding up "
+                                   f"one side alone gains little: {input_knob(cfg, device_type)}; and "
+                                   f"{compute_knob(cfg, device_type)}")
     if full is not None and full < (1 - 2 * CLOSE) * min(io_, syn):
         text += (f". FULL is {100 * (1 - full / min(io_, syn)):.0f}% below the slower side: loading and the step "
                  f"slow each other down ({_contention_hint(cfg, device_type)})")
     return bound, text
+
+
+def _figure(m: Measurement) -> str:
+    """A figure with its spread: half the range of its windows, in percent of the figure."""
+    return f"{m.img_s:,.0f} (±{50 * (m.img_s_high - m.img_s_low) / m.img_s:.0f}%)"
 
 
 def _relation(a: float, b: float) -> str:
@@ -269,10 +247,11 @@ def input_knob(cfg: TrainConfig, device_type: str) -> str:
     if device_type == "cuda":
         knobs.append(f"move loading and augmentation to the GPU (loader=gpu_resident: {dataset_mb(cfg):,.0f} MB "
                      "of images)")
-    if cfg.num_workers < cpus - 1:
-        knobs.append(f"raise num_workers (now {cfg.num_workers}; you have {cpus} CPUs per task)")
+    workers = cfg.workers()
+    if workers < cpus - 1:
+        knobs.append(f"raise num_workers (now {workers}; you have {cpus} CPUs per task)")
     else:
-        knobs.append(f"ask for more CPUs per task: num_workers={cfg.num_workers} already uses your {cpus}")
+        knobs.append(f"ask for more CPUs per task: num_workers={workers} already uses your {cpus}")
     return " or ".join(knobs)
 
 
@@ -284,15 +263,34 @@ def compute_knob(cfg: TrainConfig, device_type: str) -> str:
         return "compute in bf16: precision=bf16 channels_last=true (notebook 04)"
     if not cfg.channels_last:
         return "channels_last=true (notebook 04)"
-    if not cfg.compile:
-        return "compile=true: fewer, fused kernels (notebook 04)"
-    return "a larger batch_size, or more GPUs (notebooks 05 and 06)"
+    return _graphs_or_batch(cfg) + "; then more GPUs (notebooks 05 and 06)"
+
+
+def launch_knob(cfg: TrainConfig, device_type: str) -> str:
+    """What to change when the host thread that runs the loop is the limit."""
+    cpus = usable_cpus()
+    if cfg.loader != "gpu_resident" and cfg.workers() >= cpus - 1 > 0:
+        return _contention_hint(cfg, device_type)
+    if device_type != "cuda":
+        return "on a CPU the loading and the step share the cores: measure again on a GPU"
+    return _graphs_or_batch(cfg)
+
+
+def _graphs_or_batch(cfg: TrainConfig) -> str:
+    """A small step on a fast GPU waits for the CPU to launch its kernels. What removes that limit: CUDA
+    graphs (compile_mode=reduce-overhead: the whole step is one launch) or a larger batch (fewer, larger
+    kernels). Not plain compile=true: its default mode still launches every kernel, and on an H200 at batch
+    256 it made the bf16 step slower than eager."""
+    if cfg.compile and cfg.compile_mode == "reduce-overhead":
+        return f"a larger batch_size (now {cfg.batch_size}: fewer, larger kernels per image) (notebook 04)"
+    return ("replay the step as CUDA graphs: compile=true compile_mode=reduce-overhead, or a larger batch_size "
+            f"(now {cfg.batch_size}: fewer, larger kernels per image); measure both (notebook 04)")
 
 
 def _contention_hint(cfg: TrainConfig, device_type: str) -> str:
     cpus = usable_cpus()
-    if cfg.loader != "gpu_resident" and cfg.num_workers >= cpus - 1:
-        workers = f"{cfg.num_workers} worker{'s' if cfg.num_workers != 1 else ''}"
+    if cfg.loader != "gpu_resident" and cfg.workers() >= cpus - 1:
+        workers = f"{cfg.workers()} worker{'s' if cfg.workers() != 1 else ''}"
         return f"{workers} and the training loop share {cpus} CPUs: try fewer workers"
     if device_type == "cuda" and not cfg.pin_memory:
         return "pageable host-to-device copies block the loop: pin_memory=true"

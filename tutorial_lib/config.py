@@ -34,13 +34,19 @@ CONFIGS_DIR = ROOT / "configs"
 def usable_cpus() -> int:
     """CPUs this process may use: the Slurm allocation (SLURM_CPUS_PER_TASK) inside a job, else the CPUs it
     is pinned to (the affinity mask; os.cpu_count() where there is none, as on macOS). Not os.cpu_count():
-    on a shared node that counts CPUs that belong to other jobs. (Notebook 03 teaches it.)"""
+    on a shared node that counts CPUs that belong to other jobs. The processes one torchrun starts share
+    those CPUs: each gets its share (LOCAL_WORLD_SIZE of them on this node). (Notebook 03 teaches it.)"""
     slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
     if slurm.isdigit() and int(slurm) > 0:
-        return int(slurm)
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+        cpus = int(slurm)
+    elif hasattr(os, "sched_getaffinity"):
+        cpus = len(os.sched_getaffinity(0))
+    else:
+        cpus = os.cpu_count() or 1
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if "TORCHELASTIC_RUN_ID" in os.environ and local.isdigit() and int(local) > 1:  # started by torchrun
+        cpus = max(1, cpus // int(local))
+    return cpus
 
 
 def default_workers(cpus: int | None = None) -> int:
@@ -126,7 +132,7 @@ class TrainConfig:
     cudnn_benchmark: bool = True  # let cuDNN time its algorithms for each new input shape
     # input pipeline
     loader: str = "dataloader"  # dataloader | prefetcher (copies on a side CUDA stream) | gpu_resident
-    num_workers: int = 2  # DataLoader worker processes (0: load in the training process)
+    num_workers: int | str = "auto"  # DataLoader worker processes (0: in the training process); auto: CPUs - 1, at most 8
     pin_memory: bool = True  # page-locked host batches: asynchronous copies to the GPU
     persistent_workers: bool = False  # keep workers alive between epochs
     prefetch_factor: int = 2  # batches each worker loads ahead
@@ -136,7 +142,7 @@ class TrainConfig:
     out_dir: str = "runs/default"  # result.json, checkpoint.pt, TensorBoard logs (tb/) and traces go here
     ckpt_every: int = 0  # steps between checkpoints, and one at the end (0: none, except on a stop signal)
     resume: bool = True  # continue from out_dir/checkpoint.pt when it exists
-    timing_warmup: int = 5  # steps left out of the throughput figures
+    timing_warmup: int = 5  # first steps left out of the throughput figures (steps must be more)
     log_every: int = 10  # steps between loss lines, TensorBoard points and stop checks
     eval: bool = True  # validation accuracy at the end
     tensorboard: bool = True  # write TensorBoard scalars to out_dir/tb
@@ -169,7 +175,10 @@ class TrainConfig:
         for name in ("steps", "global_batch_size", "train_size", "val_size"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
-        for name in ("num_workers", "ckpt_every", "warmup_steps", "timing_warmup", "profile_wait",
+        if self.num_workers != "auto" and (not isinstance(self.num_workers, int) or isinstance(self.num_workers, bool)
+                                           or self.num_workers < 0):
+            raise ConfigError(f"num_workers={self.num_workers!r} must be auto or an integer >= 0")
+        for name in ("ckpt_every", "warmup_steps", "timing_warmup", "profile_wait",
                      "profile_warmup"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
@@ -206,6 +215,10 @@ class TrainConfig:
                               f"{world_size}; choose a multiple of {world_size} (batch_size is per device)")
         if self.compile and self.parallel == "dp":
             raise ConfigError("compile=true with parallel='dp' is not supported; use parallel=ddp to compile")
+
+    def workers(self) -> int:
+        """DataLoader workers of this process: num_workers, or for auto the workbook's rule on its CPUs."""
+        return default_workers(usable_cpus()) if self.num_workers == "auto" else self.num_workers
 
     def per_device_batch(self, world_size: int) -> int:
         if self.global_batch_size is None:
@@ -398,6 +411,8 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
         article = "an" if expected == "int" else "a"
         raise ConfigError(f"{f.name}=None is not allowed; give {article} {expected} (default {format_value(f.default)})")
     typed = {"bool": _as_bool, "int": _as_int, "float": _as_float, "str": _as_str}[expected](value)
+    if typed is None and kind == "int | str" and isinstance(value, str):
+        typed = value.strip()  # a word (num_workers=auto); validate() says which words it takes
     if typed is None:
         example = {"bool": "true or false", "int": "a whole number in decimal digits, e.g. 64",
                    "float": "a number, e.g. 0.001", "str": "text"}[expected]

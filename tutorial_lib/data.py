@@ -220,7 +220,7 @@ def build_loader(cfg: TrainConfig, split: str, rank: int = 0, world_size: int = 
         raise UserError(f"train_size={len(ds)} is smaller than one global batch ({bs} x {world_size} ranks); "
                         f"raise train_size or lower batch_size")
     sampler = EpochSampler(ds, world_size, rank, shuffle=train, seed=cfg.seed, drop_last=train)
-    workers = cfg.num_workers
+    workers = cfg.workers()  # num_workers=auto: the workbook's rule (config.default_workers)
     return DataLoader(
         ds, batch_size=bs, sampler=sampler, drop_last=train, num_workers=workers,
         pin_memory=(cfg.pin_memory and torch.cuda.is_available()) if pin_memory is None else pin_memory,
@@ -243,6 +243,7 @@ class LoaderInput:
     def __init__(self, loader: DataLoader):
         self.loader = loader
         self.steps_per_epoch = steps_per_epoch(loader)
+        self.workers = loader.num_workers
 
     def epoch(self, epoch: int, start_batch: int = 0):
         self.loader.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
@@ -272,7 +273,7 @@ class CudaPrefetcher:
 
     def __init__(self, inner: LoaderInput, device: torch.device):
         self.inner, self.device = inner, device
-        self.steps_per_epoch = inner.steps_per_epoch
+        self.steps_per_epoch, self.workers = inner.steps_per_epoch, inner.workers
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def _load(self, it):
@@ -316,6 +317,7 @@ class DeviceResidentInput:
         images, labels = stack_images(base)
         check_fits(images, env.device, split)
         self.device, self.rank, self.seed, self.batch = env.device, env.rank, cfg.seed, batch_size
+        self.workers = 0  # no DataLoader: the device gathers and augments
         self.images, self.labels = images.to(env.device), labels.to(env.device)
         self.augment = train and cfg.augment and cfg.dataset != "mnist"
         self.sampler = EpochSampler(base, env.world_size, env.rank, shuffle=train, seed=cfg.seed, drop_last=train)

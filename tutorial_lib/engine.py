@@ -1,18 +1,18 @@
 """THE training loop. Every way of running the workbook (notebook cell, CLI, torchrun, Slurm job) ends here.
 
 Read `Run.fit` top to bottom: fetch a batch, copy it to the device, forward under autocast, backward,
-optimizer step; around it a throughput meter, TensorBoard scalars, checkpoints and a profiler hook.
+optimizer step; around it the step clock (meters.py), TensorBoard scalars, checkpoints and a profiler hook.
+Precision set-up lives in precision.py, checkpoint files and stop signals in checkpoint.py.
 """
 from __future__ import annotations
 
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -20,6 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import data, distributed, models, peaks, profiling
+from .meters import LossLog, StepClock, timing_fields
+from .precision import (SkippedSteps, autocast, backend_flags, grad_scaler, set_cudnn_benchmark,  # noqa: F401
+                        set_precision_flags)  # tl.engine.set_precision_flags: notebook 01
 from .checkpoint import OutDirLock, StopSignals, make_out_dir, read_checkpoint, write_checkpoint
 from .config import ConfigError, TrainConfig, UserError, resume_differences, usable_cpus
 from .results import Result, load_result
@@ -51,69 +54,6 @@ def device_name(device: torch.device) -> str:
     return f"CPU ({cpu}, {torch.get_num_threads()} threads)"
 
 
-# ---------------------------------------------------------------------- precision, in one place (notebook 04)
-# fp32: every matmul and convolution in float32 (TF32 off: cuDNN convolutions use TF32 by default on Ampere
-# and newer, so an honest fp32 baseline turns it off); tf32: the same code on tensor cores with a 10-bit
-# mantissa; bf16 / fp16: autocast runs matmuls and convolutions in 16 bits, keeps reductions in float32;
-# fp16's narrow range needs a GradScaler (scale the loss, step, update the scale), bf16's does not.
-def set_precision_flags(cfg: TrainConfig) -> None:
-    """TF32 on for precision=tf32, off otherwise (notebook 01 shows why, notebook 04 measures it)."""
-    tf32 = cfg.precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-
-
-def autocast(cfg: TrainConfig, device: torch.device):
-    """The autocast context of the forward pass: bf16 or fp16 on the device, nothing for fp32/tf32."""
-    if cfg.precision in ("bf16", "fp16"):
-        dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
-        return torch.autocast(device.type, dtype=dtype)
-    return nullcontext()
-
-
-def grad_scaler(cfg: TrainConfig, device: torch.device) -> torch.amp.GradScaler:
-    """fp16 only: scales the loss so small gradients don't underflow; a no-op object otherwise."""
-    return torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
-
-
-class SkippedSteps:
-    """fp16: the optimizer steps the GradScaler skipped. `scaler.step` skips the update when a gradient is
-    inf/NaN, and `scaler.update()` then halves the scale; it never lowers the scale otherwise. So a step after
-    which the scale went down was skipped. Counted on the device: nothing waits for the GPU."""
-
-    def __init__(self):
-        self.count = None  # a device tensor once a step with an enabled scaler was taken
-
-    @staticmethod
-    def scale_before(scaler):
-        return scaler._scale.clone() if scaler.is_enabled() else None  # the scaler's scale lives in `_scale`
-
-    def after_update(self, scaler, before) -> None:
-        if before is not None:
-            skipped = (scaler._scale < before).int()
-            self.count = skipped if self.count is None else self.count + skipped
-
-    def total(self) -> int | None:
-        return None if self.count is None else int(self.count)
-
-
-def set_cudnn_benchmark(cfg: TrainConfig) -> None:
-    """cuDNN times its algorithms once per input shape: a win, except under DataParallel, whose replicas run in
-    fresh threads each step and re-time every step (notebook 05 measures the trap)."""
-    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark and cfg.parallel != "dp"
-
-
-@contextmanager
-def backend_flags():
-    """Restore the torch.backends flags a run changes, so a run in a notebook leaves the kernel as it was."""
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
-    try:
-        yield
-    finally:
-        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-         torch.backends.cudnn.benchmark) = saved
-
-
 def lr_lambda(cfg: TrainConfig, total_steps: int):
     """Linear warm-up over warmup_steps, then constant or cosine decay to zero."""
     def f(step: int) -> float:
@@ -126,9 +66,14 @@ def lr_lambda(cfg: TrainConfig, total_steps: int):
     return f
 
 
-def percentile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+def check_timed(cfg: TrainConfig, total_steps: int, per_epoch: int) -> None:
+    """A run must time at least one step after its warm-up, or it has no throughput to report."""
+    if total_steps > cfg.timing_warmup:
+        return
+    steps = f"steps={total_steps}" if cfg.steps else f"epochs={cfg.epochs} x {per_epoch} steps per epoch"
+    raise ConfigError(f"{steps} is not above timing_warmup={cfg.timing_warmup}: no step would be timed and the "
+                      f"run would have no throughput; use steps={cfg.timing_warmup + 10} or more, or a smaller "
+                      "timing_warmup (0 times every step)")
 
 
 def log(env: distributed.DistEnv, msg: str) -> None:
@@ -154,6 +99,7 @@ class Run:
         # every input the run needs is opened before its first step: a missing val/ split fails now, not after training
         self.val_input = data.build_input(cfg, "val", env, self.batch_size) if cfg.eval else None
         self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
+        check_timed(cfg, self.total_steps, self.steps_per_epoch)
         self.raw_model = models.build(cfg.model, data.num_classes(cfg.dataset)).to(self.device)
         if cfg.channels_last:
             self.raw_model = self.raw_model.to(memory_format=torch.channels_last)
@@ -165,7 +111,7 @@ class Run:
         self.step, self.resumed_from = 0, None
         self.loss_log = LossLog(self.device)
         self.stop_requested = False
-        self.meter: StepMeter | None = None
+        self.clock: StepClock | None = None
         self.prior_timing = {"times": [], "waits": []}  # step times (ms) and data waits (s) before a resume
         self.stop_signal: str | None = None
 
@@ -248,15 +194,15 @@ class Run:
                     log(env, f"{self.out} holds a finished run ({self.step} steps; result.json kept); "
                              "resume=false trains it again from step 0, a larger steps= continues it")
                     return load_result(self.out)
-                skip = max(0, cfg.timing_warmup - self.step)
-                self.meter = meter = StepMeter(self.device, skip=max(skip, COMPILE_WARMUP) if cfg.compile else skip,
-                                               time_first=cfg.compile)
-                self.loop(meter)
+                warmup = max(0, cfg.timing_warmup - self.step)
+                self.clock = StepClock(self.device, warmup=max(warmup, COMPILE_WARMUP) if cfg.compile else warmup,
+                                       time_first=cfg.compile, prior=self.prior_timing)
+                self.loop(self.clock)
                 self.check_stop()  # a signal during the last steps
                 if cfg.ckpt_every or self.resumed_from is not None:  # a checkpoint that exists shows the end
                     self.save_checkpoint()
                     self.check_stop()
-                return self.finish(meter, time.perf_counter() - t_start)
+                return self.finish(self.clock, time.perf_counter() - t_start)
         except Preempted:
             self.save_checkpoint()
             distributed.barrier(env, "barrier after the checkpoint")  # no rank exits before rank 0 has saved
@@ -264,27 +210,28 @@ class Run:
                      f"{self.out / 'checkpoint.pt'}; run the same command again to continue")
             raise
 
-    def loop(self, meter: "StepMeter") -> None:
+    def loop(self, clock: StepClock) -> None:
         """The step loop: a batch, a step, and every log_every steps the losses, the stop check, a checkpoint."""
         cfg, env = self.cfg, self.env
         writer = self.tensorboard_writer()
         progress = self.progress_bar()
+        first_step = self.step
 
         def report(wait: bool = False) -> None:
-            self.report_losses(self.loss_log.ready(wait), writer, meter, progress)
+            self.report_losses(self.loss_log.ready(wait), writer, first_step, progress)
         try:
             self.check_stop()  # a signal during set-up
             with profiling.profiler(cfg, env) as prof:
                 batches = self.batches()
-                meter.start()
+                clock.start()
                 while self.step < self.total_steps:
                     with profiling.nvtx_range("data wait", cfg.nvtx):
                         t0 = time.perf_counter()
                         x, y = next(batches)
-                        meter.data_wait(time.perf_counter() - t0)
+                        clock.data_wait(time.perf_counter() - t0)
                     self.loss_log.add(self.train_step(x, y))
                     self.step += 1
-                    meter.step_end()
+                    clock.tick()
                     prof.step()
                     progress.update(1)
                     if self.step % cfg.log_every == 0 or self.step == self.total_steps:
@@ -320,8 +267,10 @@ class Run:
     def losses(self) -> list[float]:
         return self.loss_log.values
 
-    def report_losses(self, intervals, writer, meter, progress) -> None:
-        """Progress, log lines and TensorBoard scalars for the log intervals whose losses have arrived."""
+    def report_losses(self, intervals, writer, first_step: int, progress) -> None:
+        """Progress, log lines and TensorBoard scalars for the log intervals whose losses have arrived. Their
+        steps have completed on the device, so perf/img_per_s is the device's rate over them (the clock's
+        marks), not the pace at which the host queued them."""
         for step, values in intervals:
             self.check_finite(step, values)
             progress.set_postfix(loss=f"{values[-1]:.3f}", refresh=False)
@@ -330,7 +279,7 @@ class Run:
             if writer:
                 writer.add_scalar("train/loss", sum(values) / len(values), step)
                 writer.add_scalar("train/lr", self.sched.get_last_lr()[0], step)
-                rate = meter.recent_rate(len(values))
+                rate = self.clock.rate(step - first_step, len(values))
                 if rate:
                     writer.add_scalar("perf/img_per_s", rate * self.batch_size * self.env.world_size, step)
                 if self.device.type == "cuda":
@@ -348,34 +297,23 @@ class Run:
             f"is likely too high for batch size {self.batch_size * self.env.world_size} at precision={cfg.precision}"
             f"{cause}; lower lr or add warmup_steps (no checkpoint written for this step)")
 
-    def finish(self, meter: "StepMeter", wall: float) -> Result:
+    def finish(self, clock: StepClock, wall: float) -> Result:
         cfg, env = self.cfg, self.env
-        times = self.prior_timing["times"] + meter.step_times_ms()
-        median = statistics.median(times) if times else float("nan")
-        slowest = max(distributed.all_gather(median, env))  # the job runs at the pace of its slowest rank
-        waits = self.prior_timing["waits"] + meter.waits
+        timing = timing_fields(clock, self.batch_size, env)
         accuracy = self.evaluate() if cfg.eval else None
         self.check_stop()  # a signal during the evaluation: the checkpoint holds the last step
-        checksums = distributed.all_gather(models.param_checksum(self.raw_model), env)
-        peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None
         channels, size, *_ = data.SPECS[cfg.dataset]
         flops = models.flops_per_image(cfg.model, data.num_classes(cfg.dataset), (channels, size, size))
-        throughput = self.batch_size * env.world_size / (slowest / 1000) if times else 0.0
         result = Result(
             config=cfg.to_dict(), device=device_name(self.device), world_size=env.world_size, steps=self.step,
-            global_batch=self.batch_size * env.world_size,
-            throughput_img_s=throughput,
-            step_time_ms={"median": median, "p10": percentile(times, 0.1) if times else median,
-                          "p90": percentile(times, 0.9) if times else median, "timed_steps": len(times),
-                          "mean": statistics.fmean(times) if times else median,
-                          "slowest_rank_median": slowest},
-            data_wait_ms=statistics.median(waits) * 1000 if waits else 0.0,
-            loss=self.losses, final_loss=self.losses[-1] if self.losses else float("nan"),
-            val_accuracy=accuracy, peak_memory_mb=peak, param_checksums=checksums,
+            global_batch=self.batch_size * env.world_size, **timing,
+            loss=self.losses, final_loss=self.losses[-1] if self.losses else float("nan"), val_accuracy=accuracy,
+            peak_memory_mb=torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None,
+            param_checksums=distributed.all_gather(models.param_checksum(self.raw_model), env),
             resumed_from_step=self.resumed_from, wall_time_s=wall, torch_version=torch.__version__,
-            compile_time_s=meter.first_step_s, flops_per_image=flops,
-            mfu=peaks.mfu(throughput, flops, device_name(self.device), cfg.precision, env.world_size),
-            fp16_skipped_steps=self.skipped.total())
+            compile_time_s=clock.first_step_s, flops_per_image=flops,
+            mfu=peaks.mfu(timing["throughput_img_s"], flops, device_name(self.device), cfg.precision, env.world_size),
+            fp16_skipped_steps=self.skipped.total(), num_workers_used=self.input.workers)
         if env.is_main:
             result.save(self.out)
         return result
@@ -419,9 +357,7 @@ class Run:
             return
         self.loss_log.ship(self.step)
         self.loss_log.ready(wait=True)  # the checkpoint holds every loss so far (fit() has reported them)
-        timing = self.prior_timing
-        if self.meter is not None:
-            timing = {"times": timing["times"] + self.meter.step_times_ms(), "waits": timing["waits"] + self.meter.waits}
+        timing = self.clock.carried() if self.clock is not None else self.prior_timing
         # only tensors, numbers, strings, lists and dicts: it loads with torch.load(weights_only=True)
         state = {"step": self.step, "model": self.raw_model.state_dict(), "optimizer": self.opt.state_dict(),
                  "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(),
@@ -453,97 +389,6 @@ class Run:
         self.loss_log.values = list(state["losses"])
         self.prior_timing = state.get("timing") or self.prior_timing
         log(self.env, f"resuming from step {self.step} of {path} (resume=false starts afresh)")
-
-
-class LossLog:
-    """Losses come back from the GPU without stopping it. Reading a loss (`.item()`, `.tolist()`) waits for
-    the GPU to finish everything queued, after which it idles while Python queues the next step: on a fast
-    GPU that costs several percent. So each log interval's losses are copied to pinned host memory
-    asynchronously and read once the copy has finished, usually at the next interval."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.values: list[float] = []
-        self.pending: list[torch.Tensor] = []
-        self.inflight: list[tuple] = []  # (step, host tensor, event or None)
-
-    def add(self, loss: torch.Tensor) -> None:
-        self.pending.append(loss)
-
-    def ship(self, step: int) -> None:
-        if not self.pending:
-            return
-        t = torch.stack(self.pending).float()
-        self.pending.clear()
-        if self.cuda:
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            host.copy_(t, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record()
-            self.inflight.append((step, host, done))
-        else:
-            self.inflight.append((step, t, None))
-
-    def ready(self, wait: bool = False) -> list[tuple[int, list[float]]]:
-        """(step, losses) of every shipped interval that has arrived, in order; with wait=True, all of them."""
-        out = []
-        while self.inflight and (wait or self.inflight[0][2] is None or self.inflight[0][2].query()):
-            step, host, done = self.inflight.pop(0)
-            if done is not None:
-                done.synchronize()
-            values = host.tolist()
-            self.values.extend(values)
-            out.append((step, values))
-        return out
-
-
-class StepMeter:
-    """Per-step times without a device sync per step: CUDA events on the GPU, the host clock on CPU.
-    The first `skip` steps (warm-up: cuDNN autotuning, compilation, allocator growth) are left out.
-    With `time_first`, the first step is also timed on its own (one sync): where torch.compile compiles."""
-
-    def __init__(self, device: torch.device, skip: int, time_first: bool = False):
-        self.cuda = device.type == "cuda"
-        self.skip, self.marks, self.waits, self._recent = skip, [], [], []
-        self.time_first, self.first_step_s, self.first_wait = time_first, None, 0.0
-
-    def _mark(self):
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            return e
-        return time.perf_counter()
-
-    def start(self) -> None:
-        self.marks = [self._mark()]
-        self._recent = [time.perf_counter()]
-
-    def step_end(self) -> None:
-        self.marks.append(self._mark())
-        self._recent.append(time.perf_counter())
-        if self.time_first and len(self.marks) == 2:
-            if self.cuda:
-                torch.cuda.synchronize()
-            self.first_step_s = time.perf_counter() - self._recent[0] - self.first_wait  # its data wait left out
-
-    def data_wait(self, seconds: float) -> None:
-        if len(self.marks) == 1:
-            self.first_wait = seconds
-        if len(self.marks) > self.skip:
-            self.waits.append(seconds)
-
-    def recent_rate(self, n: int) -> float | None:
-        """Steps per second over the last n steps (host clock; called right after a device sync)."""
-        if len(self._recent) <= n:
-            return None
-        return n / (self._recent[-1] - self._recent[-1 - n])
-
-    def step_times_ms(self) -> list[float]:
-        marks = self.marks[self.skip:]
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
-        return [(b - a) * 1000 for a, b in zip(marks, marks[1:])]
 
 
 @contextmanager

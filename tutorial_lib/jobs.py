@@ -166,9 +166,10 @@ class Program:
     python: bool  # the words are arguments of python (so torchrun can run them directly)
     overrides: list[str] = field(default_factory=list)  # the training's key=value (render record)
     out_dir: str | None = None
+    workers: int | None = None  # num_workers, where the config sets a number (None: auto)
 
 
-def _training(cfg: TrainConfig, name: str, world_size: int, swept: set[str] = frozenset()) -> Program:
+def _training(cfg: TrainConfig, name: str, world_size: int) -> Program:
     check_world(cfg.parallel, world_size)
     default = TrainConfig()
     if cfg.out_dir == default.out_dir:
@@ -182,9 +183,8 @@ def _training(cfg: TrainConfig, name: str, world_size: int, swept: set[str] = fr
         check_one_line(*item.split("=", 1))
     words = ["-m tutorial_lib train"]
     words += [shlex.quote(o) for o in overrides if not o.startswith("out_dir=")]
-    if "num_workers" not in swept and not any(o.startswith("num_workers=") for o in overrides):
-        words.append('"num_workers=$cpus_per_process"  # one DataLoader worker per CPU of the process')
-    return Program(words, True, True, overrides, cfg.out_dir)
+    workers = None if cfg.num_workers == "auto" else cfg.num_workers  # auto: resolved in the job, at run time
+    return Program(words, True, True, overrides, cfg.out_dir, workers)
 
 
 def _command(command: str | list[str]) -> Program:
@@ -228,7 +228,8 @@ def _sweep_words(cfg: TrainConfig, points: list[dict[str, str]], base_out: str) 
         label = "_".join(f"{k}-{re.sub(r'[^A-Za-z0-9.]+', '-', v)}" for k, v in point.items() if k != "out_dir")
         out_dir = point.get("out_dir") or f"{base_out}/{label}"
         words = [shlex.quote(f"{k}={v}") for k, v in point.items() if k != "out_dir"]
-        rendered.append({"out_dir": out_dir, "words": words})
+        workers = point.get("num_workers") if point.get("num_workers", "auto") != "auto" else None
+        rendered.append({"out_dir": out_dir, "words": words, "workers": workers})
     return rendered
 
 
@@ -257,8 +258,7 @@ def render(name: str, cfg: TrainConfig | None = None, *, site: str | None = None
     world = r.nodes * procs_per_node(r)
     if cfg is not None and r.nsys and not cfg.nvtx:
         cfg = cfg.replace(nvtx=True)  # the training marks forward, backward, optimizer... as NVTX ranges
-    swept = {key for point in points for key in point}
-    program = _training(cfg, name, world, swept) if cfg is not None else _command(command)
+    program = _training(cfg, name, world) if cfg is not None else _command(command)
     if r.line_profile and not program.training:
         raise UserError("line_profile profiles the training (-m tutorial_lib train); for a command of your own, "
                         "put kernprof -l in the command itself")

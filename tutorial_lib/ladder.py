@@ -153,42 +153,38 @@ def measure(rung: Rung, cfg: TrainConfig) -> dict:
 def bare_loop(cfg: TrainConfig) -> Result:
     """The ceiling: the engine's model (compiled as cfg says), optimizer and input, stepped by the smallest
     loop that trains: no scheduler, loss log, progress, profiler hook, signal handling or checkpoints. Timed
-    with the engine's StepMeter (one CUDA event per step), so the two figures compare."""
-    import statistics
-
+    with the engine's clock (meters.StepClock, one CUDA event per step) and figures, so the two compare."""
     import torch
     import torch.nn.functional as F
 
     from . import data, engine, models, peaks
+    from .meters import StepClock, timing_fields
+    from .precision import autocast
 
     with engine.prepared_run(cfg) as r:
         model, opt, batches = r.model, r.opt, r.batches()
-        skip = max(cfg.timing_warmup, engine.COMPILE_WARMUP) if cfg.compile else cfg.timing_warmup  # as Run.fit
-        meter = engine.StepMeter(r.device, skip=skip, time_first=cfg.compile)
-        meter.start()
+        warmup = max(cfg.timing_warmup, engine.COMPILE_WARMUP) if cfg.compile else cfg.timing_warmup  # as Run.fit
+        clock = StepClock(r.device, warmup, time_first=cfg.compile)
+        clock.start()
         for _ in range(cfg.steps):
             x, y = next(batches)
-            with engine.autocast(cfg, r.device):
+            with autocast(cfg, r.device):
                 loss = F.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            meter.step_end()
-        times = meter.step_times_ms()
-        median = statistics.median(times)
+            clock.tick()
+        timing = timing_fields(clock, r.batch_size, r.env)
         channels, size, *_ = data.SPECS[cfg.dataset]
         flops = models.flops_per_image(cfg.model, data.num_classes(cfg.dataset), (channels, size, size))
         device = engine.device_name(r.device)
         peak = torch.cuda.max_memory_allocated(r.device) / 2**20 if r.device.type == "cuda" else None
         return Result(
-            config=cfg.to_dict(), device=device, world_size=1, steps=cfg.steps, global_batch=r.batch_size,
-            throughput_img_s=r.batch_size / (median / 1000),
-            step_time_ms={"median": median, "p10": engine.percentile(times, 0.1), "p90": engine.percentile(times, 0.9),
-                          "timed_steps": len(times), "slowest_rank_median": median, "mean": statistics.fmean(times)},
-            data_wait_ms=0.0, loss=[], final_loss=loss.item(), val_accuracy=None, peak_memory_mb=peak,
+            config=cfg.to_dict(), device=device, world_size=1, steps=cfg.steps, global_batch=r.batch_size, **timing,
+            loss=[], final_loss=loss.item(), val_accuracy=None, peak_memory_mb=peak,
             param_checksums=[], resumed_from_step=None, wall_time_s=0.0, torch_version=torch.__version__,
-            compile_time_s=meter.first_step_s, flops_per_image=flops,
-            mfu=peaks.mfu(r.batch_size / (median / 1000), flops, device, cfg.precision))
+            compile_time_s=clock.first_step_s, flops_per_image=flops,
+            mfu=peaks.mfu(timing["throughput_img_s"], flops, device, cfg.precision))
 
 
 # ------------------------------------------------------------------------------------------------ rows

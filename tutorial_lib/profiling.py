@@ -63,9 +63,13 @@ def profiler(cfg, env):
                                        active=cfg.profile_active, repeat=cfg.profile_repeat)
     handler = torch.profiler.tensorboard_trace_handler(
         str(trace_dir(cfg.out_dir)), worker_name=f"rank{env.rank}", use_gzip=True)
+    # acc_events=True: without it torch 2.10-2.13 warn "Profiler clears events at the end of each cycle" at
+    # every cycle's start, even the first (torch PR 180387), and later versions from the second cycle on. Each
+    # trace file still holds only its own cycle (the chrome trace comes from that cycle's Kineto results);
+    # what accumulates is the events of prof.key_averages(), over profile_repeat cycles (bounded: >= 1).
     with torch.profiler.profile(activities=activities(env.device), schedule=schedule, on_trace_ready=handler,
                                 record_shapes=cfg.profile_record_shapes, profile_memory=cfg.profile_memory,
-                                with_stack=cfg.profile_with_stack) as prof:
+                                with_stack=cfg.profile_with_stack, acc_events=True) as prof:
         yield prof
 
 

@@ -21,7 +21,7 @@ class Result:
     global_batch: int
     throughput_img_s: float
     step_time_ms: dict
-    data_wait_ms: float
+    data_wait_ms: float  # mean time a timed step waited for its batch
     loss: list
     final_loss: float
     val_accuracy: float | None
@@ -35,6 +35,10 @@ class Result:
     mfu: float | None = None  # achieved FLOP/s / the card's dense peak for the precision (None: CPU, unknown card)
     fp16_skipped_steps: int | None = None  # optimizer steps the GradScaler skipped (inf/NaN gradients); fp16 only
 
+
+    data_wait_fraction: float | None = None  # share of the timed time the loop waited for batches
+    num_workers_used: int | None = None  # DataLoader workers the run had (num_workers=auto resolved)
+
     def summary(self) -> str:
         acc = "n/a" if self.val_accuracy is None else f"{100 * self.val_accuracy:.1f}%"
         mem = "n/a (CPU)" if self.peak_memory_mb is None else f"{self.peak_memory_mb:,.0f} MB"
@@ -44,8 +48,13 @@ class Result:
             extra += f" | compile {self.compile_time_s:.0f} s"
         return (f"{self.throughput_img_s:,.0f} img/s on {self.device} x{self.world_size} | step "
                 f"{self.step_time_ms['median']:.1f} ms (p10 {self.step_time_ms['p10']:.1f}, p90 "
-                f"{self.step_time_ms['p90']:.1f}) | loss {first} -> {self.final_loss:.3f} | "
-                f"val acc {acc} | peak mem {mem}{extra}")
+                f"{self.step_time_ms['p90']:.1f}){self._waited()} | loss {first} -> {self.final_loss:.3f} | "
+                f"val acc {acc} | peak mem {mem}")
+
+    def _waited(self) -> str:
+        if self.data_wait_fraction is None:
+            return ""
+        return f" | data wait {self.data_wait_ms:.1f} ms/step ({100 * self.data_wait_fraction:.0f}%)"
 
     def __repr__(self) -> str:
         return f"Result({self.summary()})"

@@ -1,0 +1,172 @@
+"""How the loop measures itself without stopping the GPU: the one step clock (CUDA events on a GPU, the host
+clock on a CPU), the Result's timing figures computed from it, and the losses read back asynchronously.
+The engine, the TensorBoard rate and every bench figure use these (notebooks 01 and 03 teach them)."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from . import distributed
+
+
+def percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def timing_fields(clock: "StepClock", batch_size: int, env: distributed.DistEnv) -> dict:
+    """The Result's timing figures. Throughput is the timed images over the timed time (after the warm-up),
+    of the slowest rank: a job moves at its slowest rank's pace. Mean-based on purpose: N DataLoader workers
+    deliver N batches in a burst and then the loop waits, and a median step would hide exactly that stall;
+    the median and p10/p90 step times stand beside it. Data wait: the mean per timed step, and the share of
+    the timed time spent waiting."""
+    times = clock.prior_ms + clock.step_times_ms()  # a resumed run: the steps timed before it stopped, too
+    total = sum(clock.prior_ms) / 1000 + clock.total_seconds()
+    totals = distributed.all_gather(total, env)
+    slowest = max(range(len(totals)), key=totals.__getitem__)
+    nan = float("nan")  # no timed step (only a resumed run can get here): written as null
+    median = statistics.median(times) if times else nan
+    waits = clock.prior_waits + clock.waits
+    waited = sum(waits)
+    return dict(
+        throughput_img_s=batch_size * env.world_size * len(times) / totals[slowest] if times else nan,
+        step_time_ms={"mean": 1000 * total / len(times) if times else nan, "median": median,
+                      "p10": percentile(times, 0.1) if times else nan, "p90": percentile(times, 0.9) if times else nan,
+                      "timed_steps": len(times), "slowest_rank": slowest,
+                      "slowest_rank_median": max(distributed.all_gather(median, env)),
+                      "slowest_rank_total_s": totals[slowest]},
+        data_wait_ms=1000 * waited / len(waits) if waits else 0.0,
+        data_wait_fraction=waited / total if total else nan)
+
+
+class LossLog:
+    """Losses come back from the GPU without stopping it. Reading a loss (`.item()`, `.tolist()`) waits for
+    the GPU to finish everything queued, after which it idles while Python queues the next step: on a fast
+    GPU that costs several percent. So each log interval's losses are copied to pinned host memory
+    asynchronously and read once the copy has finished, usually at the next interval."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.values: list[float] = []
+        self.pending: list[torch.Tensor] = []
+        self.inflight: list[tuple] = []  # (step, host tensor, event or None)
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.pending.append(loss)
+
+    def ship(self, step: int) -> None:
+        if not self.pending:
+            return
+        t = torch.stack(self.pending).float()
+        self.pending.clear()
+        if self.cuda:
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            self.inflight.append((step, host, done))
+        else:
+            self.inflight.append((step, t, None))
+
+    def ready(self, wait: bool = False) -> list[tuple[int, list[float]]]:
+        """(step, losses) of every shipped interval that has arrived, in order; with wait=True, all of them."""
+        out = []
+        while self.inflight and (wait or self.inflight[0][2] is None or self.inflight[0][2].query()):
+            step, host, done = self.inflight.pop(0)
+            if done is not None:
+                done.synchronize()
+            values = host.tolist()
+            self.values.extend(values)
+            out.append((step, values))
+        return out
+
+
+class StepClock:
+    """The one clock of the workbook (the training loop, the TensorBoard rate, every bench figure): a mark at
+    the end of each step once `warmup` steps are done (warm-up: cuDNN autotuning, compilation, allocator
+    growth), CUDA events on a GPU (recorded in the stream, never waited for in the loop), the host clock on a
+    CPU (where every op has finished when the step returns). Step times, windows and the total are all
+    differences of these marks. Also the host time each timed step waited for its batch."""
+
+    def __init__(self, device: torch.device, warmup: int, time_first: bool = False, prior: dict | None = None):
+        self.cuda = device.type == "cuda"
+        self.warmup, self.steps = warmup, 0
+        self.marks: list = []  # marks[i]: the end of step warmup + i
+        self.waits: list[float] = []  # seconds each timed step waited for its batch
+        # with time_first, the first step is also timed on its own (one sync): where torch.compile compiles
+        self.time_first, self.first_step_s, self._t0, self._first_wait = time_first, None, 0.0, 0.0
+        prior = prior or {}  # what a run timed before it was stopped and resumed (its checkpoint keeps it)
+        self.prior_ms: list[float] = list(prior.get("times", []))
+        self.prior_waits: list[float] = list(prior.get("waits", []))
+
+    def carried(self) -> dict:
+        """Every step time (ms) and data wait (s) so far, the prior ones included: what a checkpoint keeps."""
+        return {"times": self.prior_ms + self.step_times_ms(), "waits": self.prior_waits + self.waits}
+
+    def _mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def start(self) -> None:
+        """Before the first step: with no warm-up the first timed step starts here."""
+        self._t0 = time.perf_counter()
+        if self.warmup == 0:
+            self.marks.append(self._mark())
+
+    def data_wait(self, seconds: float) -> None:
+        """The step about to run waited `seconds` for its batch (counted once the warm-up is over)."""
+        if self.steps == 0:
+            self._first_wait = seconds
+        if self.steps >= self.warmup:
+            self.waits.append(seconds)
+
+    def tick(self) -> None:
+        """The end of a step."""
+        self.steps += 1
+        if self.steps >= self.warmup:
+            self.marks.append(self._mark())
+        if self.time_first and self.steps == 1:
+            if self.cuda:
+                torch.cuda.synchronize()
+            self.first_step_s = time.perf_counter() - self._t0 - self._first_wait  # its data wait left out
+
+    def _seconds(self, a, b) -> float:
+        return a.elapsed_time(b) / 1000 if self.cuda else b - a
+
+    def _read(self) -> None:
+        if self.cuda and self.marks:
+            self.marks[-1].synchronize()
+
+    @property
+    def timed_steps(self) -> int:
+        return max(0, len(self.marks) - 1)
+
+    def total_seconds(self) -> float:
+        """Time from the end of the warm-up to the last step (0.0 when no step was timed)."""
+        self._read()
+        return self._seconds(self.marks[0], self.marks[-1]) if self.timed_steps else 0.0
+
+    def step_times_ms(self) -> list[float]:
+        self._read()
+        return [1000 * self._seconds(a, b) for a, b in zip(self.marks, self.marks[1:])]
+
+    def window_seconds(self, window: int) -> list[float]:
+        """The time of each full window of `window` timed steps (for the spread of a figure)."""
+        self._read()
+        ends = self.marks[::window]
+        return [self._seconds(a, b) for a, b in zip(ends, ends[1:])]
+
+    def rate(self, step: int, n: int) -> float | None:
+        """Steps per second on the device over the n steps ending at the `step`-th tick (of this clock), from
+        their marks; None where they were not timed (warm-up). Call it only once that step has completed on
+        the device (its loss has arrived): then reading the events does not wait."""
+        last = step - self.warmup
+        first = max(0, last - n)
+        if last <= first or last >= len(self.marks):
+            return None
+        return (last - first) / self._seconds(self.marks[first], self.marks[last])

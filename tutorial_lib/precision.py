@@ -1,0 +1,73 @@
+"""Precision, in one place (notebook 04 teaches it): TF32 flags, the autocast context, the fp16 GradScaler and
+its skipped steps, the cuDNN autotuner choice, and restoring the backend flags after a run.
+
+fp32: every matmul and convolution in float32 (TF32 off: cuDNN convolutions use TF32 by default on Ampere
+and newer, so an honest fp32 baseline turns it off); tf32: the same code on tensor cores with a 10-bit
+mantissa; bf16 / fp16: autocast runs matmuls and convolutions in 16 bits, keeps reductions in float32;
+fp16's narrow range needs a GradScaler (scale the loss, step, update the scale), bf16's does not.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+
+import torch
+
+from .config import TrainConfig
+
+
+def set_precision_flags(cfg: TrainConfig) -> None:
+    """TF32 on for precision=tf32, off otherwise (notebook 01 shows why, notebook 04 measures it)."""
+    tf32 = cfg.precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
+def autocast(cfg: TrainConfig, device: torch.device):
+    """The autocast context of the forward pass: bf16 or fp16 on the device, nothing for fp32/tf32."""
+    if cfg.precision in ("bf16", "fp16"):
+        dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
+        return torch.autocast(device.type, dtype=dtype)
+    return nullcontext()
+
+
+def grad_scaler(cfg: TrainConfig, device: torch.device) -> torch.amp.GradScaler:
+    """fp16 only: scales the loss so small gradients don't underflow; a no-op object otherwise."""
+    return torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
+
+
+class SkippedSteps:
+    """fp16: the optimizer steps the GradScaler skipped. `scaler.step` skips the update when a gradient is
+    inf/NaN, and `scaler.update()` then halves the scale; it never lowers the scale otherwise. So a step after
+    which the scale went down was skipped. Counted on the device: nothing waits for the GPU."""
+
+    def __init__(self):
+        self.count = None  # a device tensor once a step with an enabled scaler was taken
+
+    @staticmethod
+    def scale_before(scaler):
+        return scaler._scale.clone() if scaler.is_enabled() else None  # the scaler's scale lives in `_scale`
+
+    def after_update(self, scaler, before) -> None:
+        if before is not None:
+            skipped = (scaler._scale < before).int()
+            self.count = skipped if self.count is None else self.count + skipped
+
+    def total(self) -> int | None:
+        return None if self.count is None else int(self.count)
+
+
+def set_cudnn_benchmark(cfg: TrainConfig) -> None:
+    """cuDNN times its algorithms once per input shape: a win, except under DataParallel, whose replicas run in
+    fresh threads each step and re-time every step (notebook 05 measures the trap)."""
+    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark and cfg.parallel != "dp"
+
+
+@contextmanager
+def backend_flags():
+    """Restore the torch.backends flags a run changes, so a run in a notebook leaves the kernel as it was."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    try:
+        yield
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.cudnn.benchmark) = saved
