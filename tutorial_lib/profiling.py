@@ -140,12 +140,19 @@ class LineReport:
 
     def hits(self, source_fragment: str) -> int:
         """How often the profiled line containing `source_fragment` ran (0 if no such line ran)."""
+        return self._line(source_fragment)[0]
+
+    def seconds(self, source_fragment: str) -> float:
+        """The total time (host clock, s) of the profiled line containing `source_fragment` (0 if none ran)."""
+        return self._line(source_fragment)[1]
+
+    def _line(self, source_fragment: str) -> tuple[int, float]:
         for (filename, _, _), lines in self.timings.items():
             source = _source_lines(filename)
-            for lineno, nhits, _ in lines:
+            for lineno, nhits, seconds in lines:
                 if 0 < lineno <= len(source) and source_fragment in source[lineno - 1]:
-                    return nhits
-        return 0
+                    return nhits, seconds
+        return 0, 0.0
 
     def __str__(self) -> str:
         return self.text
