@@ -187,5 +187,5 @@ def line_profile(functions, call, *args, **kwargs) -> LineReport:
     lp.print_stats(stream=buf, output_unit=1e-3, stripzeros=True)
     text = buf.getvalue().replace("Timer unit: 0.001 s", "Time and Per Hit in ms (host clock)")
     text = text.replace(f"File: {os.getcwd()}{os.sep}", "File: ")  # paths relative to the workbook
-    timings = {k: list(v) for k, v in stats.timings.items()}
+    timings = {k: [(line, hits, t * stats.unit) for line, hits, t in v] for k, v in stats.timings.items()}
     return LineReport(text.strip() + "\n", timings, result)
