@@ -1,6 +1,7 @@
 """Profiling: traces per rank, the offline summary (CPU, GPU, DDP), TensorBoard's profiler plugin, line_profiler."""
 import gzip
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -113,10 +114,14 @@ def test_summarize_names_the_fix_when_there_is_no_trace(tmp_path):
 
 
 def test_line_profile_reports_the_training_steps_lines_with_hit_counts(tmp_path):
+    start = time.perf_counter()
     report = profiling.line_profile(engine.Run.train_step, engine.train, tiny(tmp_path / "lp", steps=3, eval=False))
+    wall = time.perf_counter() - start
     assert isinstance(report.result, engine.Result)
     assert report.hits("self.scaler.scale(loss).backward()") == 3
     assert report.hits("loss = F.cross_entropy(self.model(x), y)") == 3
+    assert 0 < report.seconds("self.scaler.scale(loss).backward()") < wall  # seconds, not timer units
+    assert report.seconds("no such line") == 0
     assert "self.scaler.scale(loss).backward()" in str(report) and "Hits" in str(report)
 
 

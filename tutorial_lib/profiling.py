@@ -149,12 +149,19 @@ class LineReport:
 
     def hits(self, source_fragment: str) -> int:
         """How often the profiled line containing `source_fragment` ran (0 if no such line ran)."""
+        return self._line(source_fragment)[0]
+
+    def seconds(self, source_fragment: str) -> float:
+        """The total time (host clock, s) of the profiled line containing `source_fragment` (0 if none ran)."""
+        return self._line(source_fragment)[1]
+
+    def _line(self, source_fragment: str) -> tuple[int, float]:
         for (filename, _, _), lines in self.timings.items():
             source = _source_lines(filename)
-            for lineno, nhits, _ in lines:
+            for lineno, nhits, seconds in lines:
                 if 0 < lineno <= len(source) and source_fragment in source[lineno - 1]:
-                    return nhits
-        return 0
+                    return nhits, seconds
+        return 0, 0.0
 
     def __str__(self) -> str:
         return self.text
@@ -190,5 +197,5 @@ def line_profile(functions, call, *args, **kwargs) -> LineReport:
     lp.print_stats(stream=buf, output_unit=1e-3, stripzeros=True)
     text = buf.getvalue().replace("Timer unit: 0.001 s", "Time and Per Hit in ms (host clock)")
     text = text.replace(f"File: {os.getcwd()}{os.sep}", "File: ")  # paths relative to the workbook
-    timings = {k: list(v) for k, v in stats.timings.items()}
+    timings = {k: [(line, hits, t * stats.unit) for line, hits, t in v] for k, v in stats.timings.items()}
     return LineReport(text.strip() + "\n", timings, result)
