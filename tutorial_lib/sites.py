@@ -1,5 +1,6 @@
 """Site profiles (tutorial_lib/sites/<name>.yaml: what a cluster's jobs must say and set up) and the checks
-that keep every value a user gives out of the shell: Slurm words, names, paths, times.
+that keep every value a user gives out of the shell: Slurm words, names, paths, times; and the #SBATCH
+lines of a job in the site's syntax (how it asks for GPUs, memory per GPU).
 
     site = tl.sites.load_site("generic")      # or the path of your own YAML file
     tl.sites.time_seconds("1-12:00:00")       # 129600
@@ -174,3 +175,58 @@ def check_slurm_words(r) -> None:
     mem = getattr(r, "mem", None) or getattr(r, "mem_per_gpu", None)
     if mem is not None:
         check_pattern("mem", mem, MEM_RE, "a number with an optional unit K, M, G or T", "e.g. mem=64G")
+
+
+# ---------------------------------------------------------------------------------------- #SBATCH lines
+def directives(r, site: Site, n_points: int) -> list[str]:
+    # r: a resolved jobs.Resources (not imported: jobs sits above this module)
+    """The #SBATCH lines, each with a comment where its meaning is not obvious."""
+    tasks = r.gpus_per_node if r.mode == "srun" else 1
+    task_note = {"single": "one process", "torchrun": "one torchrun, which starts a process per GPU",
+                 "multinode": "one torchrun per node, which starts a process per GPU",
+                 "srun": "one process per GPU"}[r.mode]
+    rows = [(f"--job-name={r.job_name}", "")]
+    rows += [(f"--partition={r.partition}", "")] if r.partition else []
+    rows += [(f"--account={r.account}", "the project charged for the hours")] if r.account else []
+    rows += [(f"--qos={r.qos}", "quality of service: priority and limits")] if r.qos else []
+    rows += [(f"--constraint={r.constraint}", "node features this job needs")] if r.constraint else []
+    if r.reservation is not None:
+        check_pattern("reservation", r.reservation, WORD_RE, "letters, digits, '_', '.', '-'",
+                       "`scontrol show reservation` lists the reservations of your cluster")
+        rows.append((f"--reservation={r.reservation}", "nodes set aside for this group (e.g. a workshop)"))
+    rows += [(f"--nodes={r.nodes}", ""), (f"--ntasks-per-node={tasks}", task_note)]
+    rows += _gpu_rows(r, site)
+    rows.append((f"--cpus-per-task={r.cpus_per_task}", "for each task: its processes and DataLoader workers"))
+    mem = r.mem or _mem(site.mem_per_gpu, max(r.gpus_per_node, 1))
+    rows += [(f"--mem={mem}", "per node")] if mem else []
+    rows.append((f"--time={r.time}", "the job is stopped after this"))
+    if n_points:
+        rows.append((f"--array=0-{n_points - 1}", "one task per point of the sweep"))
+    elif r.array:
+        rows.append((f"--array={r.array}", "task ids, in $SLURM_ARRAY_TASK_ID"))
+    patterns = "%x job name, %A_%a array job and task" if (n_points or r.array) else "%x job name, %j job id"
+    rows.append((f"--output={r.output}", f"{patterns}; the folder must exist"))
+    rows += [(f"--error={r.error}", "")] if r.error else []
+    if r.requeue:
+        rows += [(f"--signal=B:USR1@{r.requeue}", f"USR1 to this script {r.requeue} s before the time limit"),
+                 ("--requeue", "the job may go back to the queue (see the USR1 handler)"),
+                 ("--open-mode=append", "a requeued run appends to the same log")]
+    width = max(len(opt) for opt, _ in rows)
+    return [f"#SBATCH {opt:<{width}}  # {note}".rstrip(" #") if note else f"#SBATCH {opt}" for opt, note in rows]
+
+
+def _gpu_rows(r, site: Site) -> list[tuple[str, str]]:
+    if r.gpus_per_node == 0:
+        return []
+    if site.gpu_request == "gres":
+        return [(f"--gres=gpu:{r.gpus_per_node}", "GPUs per node")]
+    if site.gpu_request == "gpus":
+        return [(f"--gpus={r.gpus_per_node * r.nodes}", f"GPUs in all: {r.gpus_per_node} on each node")]
+    return [(f"--gpus-per-node={r.gpus_per_node}", "")]
+
+
+def _mem(per_gpu: str | None, gpus: int) -> str | None:
+    if not per_gpu:
+        return None
+    number, unit = re.fullmatch(r"([0-9]+)([KMGT]?)", per_gpu).groups()
+    return f"{int(number) * gpus}{unit}"
