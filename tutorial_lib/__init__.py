@@ -11,7 +11,7 @@ __all__ = ["ConfigError", "ROOT", "TrainConfig", "UserError", "launch", "load", 
 
 
 SUBMODULES = ("bench", "config", "data", "distributed", "engine", "imagefolder", "jobs", "models", "notebook",
-              "profiling", "reference", "report", "results", "tensorboard", "trace_summary")
+              "profiling", "reference", "report", "results", "scaling", "tensorboard", "trace_summary")
 
 
 def __getattr__(name):

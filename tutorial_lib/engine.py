@@ -130,11 +130,12 @@ class Run:
         self.step, self.resumed_from = 0, None
         self.loss_log = LossLog(self.device)
         self.stop_requested = False
+        self.val_history, self.val_input = [], None  # [step, training seconds, accuracy]; the cached val set
 
     def wrap(self, net: nn.Module) -> nn.Module:
         cfg, env = self.cfg, self.env
         model = net
-        if cfg.parallel == "ddp":
+        if cfg.parallel == "ddp" and cfg.ddp_sync:  # ddp_sync=false: no DDP, ranks train apart (notebook 06)
             model = nn.parallel.DistributedDataParallel(
                 net, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 bucket_cap_mb=cfg.ddp_bucket_cap_mb, static_graph=cfg.ddp_static_graph,
@@ -202,6 +203,7 @@ class Run:
             with profiling.profiler(cfg, env) as prof:
                 batches = self.batches()
                 meter.start()
+                self.t_loop, self.eval_seconds = time.perf_counter(), 0.0
                 while self.step < self.total_steps:
                     with profiling.nvtx_range("data wait", cfg.nvtx):
                         t0 = time.perf_counter()
@@ -223,6 +225,8 @@ class Run:
                         self.loss_log.ship(self.step)
                         report(wait=True)
                         self.save_checkpoint()
+                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.periodic_eval():
+                        break  # target_accuracy reached (the same accuracy on every rank: all-reduced)
                 self.loss_log.ship(self.step)
                 report(wait=True)
         except Preempted:
@@ -267,7 +271,8 @@ class Run:
         times = meter.step_times_ms()
         median = statistics.median(times) if times else float("nan")
         slowest = max(distributed.all_gather(median, env))  # the job runs at the pace of its slowest rank
-        accuracy = self.evaluate() if cfg.eval else None
+        last = self.val_history[-1] if self.val_history else None
+        accuracy = last[2] if last and last[0] == self.step else self.evaluate() if cfg.eval else None
         checksums = distributed.all_gather(models.param_checksum(self.raw_model), env)
         peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None
         result = Result(
@@ -280,15 +285,30 @@ class Run:
             data_wait_ms=statistics.median(meter.waits) * 1000 if meter.waits else 0.0,
             loss=self.losses, final_loss=self.losses[-1] if self.losses else float("nan"),
             val_accuracy=accuracy, peak_memory_mb=peak, param_checksums=checksums,
-            resumed_from_step=self.resumed_from, wall_time_s=wall, torch_version=torch.__version__)
+            resumed_from_step=self.resumed_from, wall_time_s=wall, torch_version=torch.__version__,
+            val_history=self.val_history)
         if env.is_main:
             result.save(self.out)
         return result
 
+    def periodic_eval(self) -> bool:
+        """A validation pass every eval_every steps, recorded as [step, training seconds, accuracy] (notebook 06:
+        accuracy against time); the seconds leave the validation passes out. True once target_accuracy is met."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the clock reads when the queued steps have run
+        now = time.perf_counter()
+        accuracy = self.evaluate()
+        self.val_history.append([self.step, round(now - self.t_loop - self.eval_seconds, 4), accuracy])
+        self.eval_seconds += time.perf_counter() - now
+        log(self.env, f"step {self.step}: val acc {100 * accuracy:.1f}% after {self.val_history[-1][1]:.1f} s")
+        return self.cfg.target_accuracy is not None and accuracy >= self.cfg.target_accuracy
+
     @torch.no_grad()
     def evaluate(self) -> float:
         self.model.eval()
-        loader = data.build_input(self.cfg, "val", self.env, self.batch_size)
+        if self.val_input is None:  # built once: a gpu_resident set is copied to the device once
+            self.val_input = data.build_input(self.cfg, "val", self.env, self.batch_size)
+        loader = self.val_input
         correct = torch.zeros(2, device=self.device)
         for x, y in loader.epoch(0, 0):
             x, y = self.prepare(x, y)
@@ -471,14 +491,16 @@ def train(cfg: TrainConfig) -> Result:
         return run.fit()
 
 
-def launch(cfg: TrainConfig, nproc: int, extra_env: dict | None = None, timeout: float | None = None) -> Result:
+def launch(cfg: TrainConfig, nproc: int, extra_env: dict | None = None, timeout: float | None = None,
+           command: str = "train", args: tuple = ()) -> Result | None:
     """Run `cfg` as DDP with `nproc` processes through torchrun, streaming their output into the cell
-    (notebook 05). Returns the run's result (rank 0's result.json).
+    (notebook 05). Returns the run's result (rank 0's result.json); command="bench" runs the bench on every
+    rank instead (`args`: its options, e.g. ("--steps", "40")) and returns None: read <out_dir>/bench.json.
 
     Functions defined in a notebook can't be spawned, so the processes run the package's CLI
     (`-m tutorial_lib train`) with the config as key=value overrides."""
     cfg = cfg.replace(parallel="ddp", progress=False)  # a progress bar can't stream through a pipe
-    words = ["--standalone", f"--nproc_per_node={nproc}", "-m", "tutorial_lib", "train", *cfg.to_overrides()]
+    words = ["--standalone", f"--nproc_per_node={nproc}", "-m", "tutorial_lib", command, *args, *cfg.to_overrides()]
     print("$ torchrun " + " ".join(words), flush=True)
     threads = max(1, usable_cpus() // nproc)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), **(extra_env or {})}
@@ -491,4 +513,4 @@ def launch(cfg: TrainConfig, nproc: int, extra_env: dict | None = None, timeout:
     if proc.wait(timeout) != 0:
         tail = "".join(lines[-5:]).strip()
         raise UserError(f"torchrun exited with code {proc.returncode}; its last lines:\n{tail}")
-    return load_result(cfg.out_dir)
+    return load_result(cfg.out_dir) if command == "train" else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from .config import UserError
@@ -30,14 +30,15 @@ class Result:
     resumed_from_step: int | None
     wall_time_s: float
     torch_version: str
+    val_history: list = field(default_factory=list)  # [step, training seconds, val accuracy] per eval_every
 
     def summary(self) -> str:
         acc = "n/a" if self.val_accuracy is None else f"{100 * self.val_accuracy:.1f}%"
         mem = "n/a (CPU)" if self.peak_memory_mb is None else f"{self.peak_memory_mb:,.0f} MB"
         first = f"{self.loss[0]:.3f}" if self.loss else "n/a"
+        ms = {k: "n/a" if v is None or v != v else f"{v:.1f}" for k, v in self.step_time_ms.items()}  # no timed step
         return (f"{self.throughput_img_s:,.0f} img/s on {self.device} x{self.world_size} | step "
-                f"{self.step_time_ms['median']:.1f} ms (p10 {self.step_time_ms['p10']:.1f}, p90 "
-                f"{self.step_time_ms['p90']:.1f}) | loss {first} -> {self.final_loss:.3f} | "
+                f"{ms['median']} ms (p10 {ms['p10']}, p90 {ms['p90']}) | loss {first} -> {self.final_loss:.3f} | "
                 f"val acc {acc} | peak mem {mem}")
 
     def __repr__(self) -> str:
