@@ -28,8 +28,8 @@ from .config import TrainConfig, UserError
 KINDS = ("weak", "strong")
 LR_RULES = ("none", "linear", "sqrt")
 # What a run and its baseline must share: everything that changes the work of one GPU in one step.
-HELD_FIXED = ("dataset", "model", "optimizer", "precision", "channels_last", "compile", "compile_mode", "loader", "augment",
-              "num_workers", "pin_memory", "cudnn_benchmark", "train_size")
+HELD_FIXED = ("dataset", "model", "optimizer", "precision", "channels_last", "compile", "compile_mode", "loader",
+              "augment", "num_workers", "pin_memory", "cudnn_benchmark", "train_size")
 LEDGER_COLUMNS = ("run", "device", "gpus", "batch_per_gpu", "global_batch", "precision", "ddp_sync",
                   "throughput_img_s", "step_ms", "val_accuracy", "steps", "lr", "warmup_steps", "seconds")
 
@@ -204,9 +204,10 @@ def write_jobs(cfg: TrainConfig, gpus=(1, 2, 4), nodes: int = 2, prefix: str = "
             description=f"notebook 06: scaling on {n} GPU(s): " + ("the single-GPU baseline" if n == 1 else
                         "weak, strong" + (" and no-sync" if n == counts[-1] else "") + " points"), **write_kw))
     if nodes > 1:
-        paths.append(jobs.write(f"{prefix}_multinode", cfg.replace(parallel="ddp", out_dir=f"{out}/{nodes}x{counts[-1]}gpu"),
-                                nodes=nodes, gpus_per_node=counts[-1], description=f"notebook 06: weak scaling on "
-                                f"{nodes} nodes x {counts[-1]} GPUs (srun + torchrun, c10d rendezvous)", **write_kw))
+        n = counts[-1]
+        paths.append(jobs.write(f"{prefix}_multinode", cfg.replace(parallel="ddp", out_dir=f"{out}/{nodes}x{n}gpu"),
+                                nodes=nodes, gpus_per_node=n, description=f"notebook 06: weak scaling on {nodes} "
+                                f"nodes x {n} GPUs (srun + torchrun, c10d rendezvous)", **write_kw))
     return paths
 
 
@@ -246,7 +247,8 @@ def ledger_row(r: dict) -> dict:
             "batch_per_gpu": batch_per_gpu(r), "global_batch": r["global_batch"], "precision": c["precision"],
             "ddp_sync": c.get("ddp_sync", True), "throughput_img_s": round(r["throughput_img_s"], 1),
             "step_ms": _round(r["step_time_ms"]["median"], 2), "val_accuracy": r["val_accuracy"],
-            "steps": r["steps"], "lr": c["lr"], "warmup_steps": c["warmup_steps"], "seconds": round(r["wall_time_s"], 1)}
+            "steps": r["steps"], "lr": c["lr"], "warmup_steps": c["warmup_steps"],
+            "seconds": round(r["wall_time_s"], 1)}
 
 
 def _round(v, digits):
