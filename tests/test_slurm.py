@@ -308,6 +308,22 @@ def committed_submitted(work):
     fake = _fake_tools(work / "bin")
     env = f"--export=ALL,PATH={fake}:{os.environ['PATH']},FAKE_PIDS={work}/smi.pids,FAKE_NSYS_LOG={work}/nsys"
     submitted = {path.name: jobs.submit(cpu_sized(path, work), sbatch_args=[env]) for path in COMMITTED}
+
+
+# ---------------------------------------------------------------------------------------- notebook 06's jobs
+@pytest.fixture(scope="module")
+def scaling_jobs(work):
+    """Notebook 06's jobs, written by the same functions with CPU sizes: one per GPU count (arrays of the weak,
+    strong and no-sync points), one over both nodes, and the learning-rate rules; all submitted at once."""
+    from tutorial_lib import scaling
+
+    out = dict(output=f"{work}/logs/%x-%j.out", site="local", jobs_dir=work / "jobs06", show=False)
+    cfg = tiny(work, parallel="none", eval=False)
+    paths = scaling.write_jobs(cfg, gpus=(1, 2, 4), nodes=2, prefix="t06", out=str(work / "scaling"), **out)
+    tta = tiny(work, eval_every=2, target_accuracy=0.99, lr_schedule="constant")
+    paths.append(scaling.write_lr_job(tta, gpus=2, base_batch=8, warmup_images=16, prefix="t06",
+                                      out=str(work / "lr_rules"), **out))
+    submitted = {p.stem.removeprefix("t06_"): jobs.submit(p) for p in paths}
     yield submitted
     for job in submitted.values():
         subprocess.run(["scancel", job.id], capture_output=True)
@@ -324,3 +340,37 @@ def test_every_committed_job_runs_to_completed_with_cpu_sizes(committed_submitte
     if record.get("sweep"):  # the swept key reached each task
         for point, r in zip(record["sweep"], results):
             assert all(str(r["config"][k]) == v for k, v in point.items())
+
+
+def test_scaling_jobs_complete_and_the_ledger_collects_every_point(scaling_jobs, work):
+    from tutorial_lib import scaling
+
+    for name in ("scaling_1gpu", "scaling_2gpu", "scaling_4gpu"):
+        assert finished(scaling_jobs[name], timeout=400) == "COMPLETED", name
+    four = scaling_jobs["scaling_4gpu"].results()
+    assert [(r["world_size"], scaling.batch_per_gpu(r), r["config"]["ddp_sync"]) for r in four] == [
+        (4, 8, True), (4, 2, True), (4, 8, False)]  # weak, strong (global 8), no-sync
+    assert len(set(four[0]["param_checksums"])) == 1 and len(set(four[2]["param_checksums"])) == 4
+    rows = scaling.ledger(work / "scaling")
+    assert len(rows) == 1 + 2 + 3
+    weak = [r for r in rows if scaling.batch_per_gpu(r) == 8 and r["config"]["ddp_sync"]]
+    assert [p.gpus for p in scaling.scaling_points(weak, "weak")] == [1, 2, 4]
+    strong = [r for r in rows if r["global_batch"] == 8]
+    assert [p.batch_per_gpu for p in scaling.scaling_points(strong, "strong")] == [8, 4, 2]
+
+
+def test_notebook06_two_node_job_trains_eight_ranks_in_step(scaling_jobs):
+    job = scaling_jobs["multinode"]
+    assert finished(job, timeout=400) == "COMPLETED"
+    res = job.result()
+    assert res["world_size"] == 8 and len(set(res["param_checksums"])) == 1
+    log = job.log(400)
+    assert "rendezvous at node1:" in log and "for 8 processes" in log
+
+
+def test_lr_rules_job_runs_one_task_per_rule_with_its_accuracy_history(scaling_jobs):
+    job = scaling_jobs["lr_rules"]
+    assert finished(job, timeout=400) == "COMPLETED"
+    results = job.results()
+    assert [r["config"]["lr"] for r in results] == pytest.approx([2e-3, 4e-3, 2e-3 * 2 ** 0.5])  # none, linear, sqrt
+    assert all(r["config"]["warmup_steps"] == 1 and [h[0] for h in r["val_history"]] == [2, 4, 6] for r in results)

@@ -30,7 +30,7 @@ from .results import atomic_write_text
 
 MEASURES = ("io", "synthetic", "full")
 CLOSE = 0.10  # figures within 10% count as equal (≈): windows of one measure scatter by about that much
-FULL_SIZES = {"shapes": 50_000, "imagefolder": 50_000, "cifar10": 50_000, "cifar100": 50_000, "mnist": 60_000}
+FULL_SIZES = {"shapes": 50_000, "shapes_hard": 50_000, "imagefolder": 50_000, "cifar10": 50_000, "cifar100": 50_000, "mnist": 60_000}
 
 
 @dataclass

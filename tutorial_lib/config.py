@@ -82,7 +82,7 @@ def check_world(parallel: str, world_size: int) -> None:
                           "or use parallel=none")
 
 
-DATASETS = ("shapes", "cifar10", "cifar100", "mnist", "imagefolder")
+DATASETS = ("shapes", "cifar10", "cifar100", "mnist", "imagefolder", "shapes_hard")
 MODELS = ("resnet18", "resnet18_imagenet", "mnist_cnn")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 PARALLEL = ("none", "dp", "ddp")
@@ -100,7 +100,7 @@ CHOICES = {"dataset": DATASETS, "model": MODELS, "precision": PRECISIONS, "paral
 @dataclass
 class TrainConfig:
     # what to train
-    dataset: str = "shapes"  # shapes is generated in memory; the others are staged by `make data`
+    dataset: str = "shapes"  # shapes(_hard) are generated in memory; the others are staged by `make data`
     data_dir: str = "data"  # where staged datasets live (a shared read-only copy works)
     model: str = "resnet18"  # resnet18: CIFAR stem (32x32 stays 32x32); resnet18_imagenet: 7x7 stem, ~16x less work
     train_size: int | None = None  # limit the training set to this many images (null: all)
@@ -129,6 +129,7 @@ class TrainConfig:
     ddp_bucket_cap_mb: int = 25  # size of DDP's gradient buckets, each all-reduced as one message
     ddp_static_graph: bool = False  # tell DDP the graph never changes (skips per-step bookkeeping)
     ddp_gradient_as_bucket_view: bool = True  # gradients live in DDP's buckets (no extra copy)
+    ddp_sync: bool = True  # false: ranks train apart, no gradient all-reduce (the gap to true is communication)
     cudnn_benchmark: bool = True  # let cuDNN time its algorithms for each new input shape
     # input pipeline
     loader: str = "dataloader"  # dataloader | prefetcher (copies on a side CUDA stream) | gpu_resident
@@ -145,6 +146,8 @@ class TrainConfig:
     timing_warmup: int = 5  # first steps left out of the throughput figures (steps must be more)
     log_every: int = 10  # steps between loss lines, TensorBoard points and stop checks
     eval: bool = True  # validation accuracy at the end
+    eval_every: int = 0  # steps between validation passes recorded in val_history (0: none during training)
+    target_accuracy: float | None = None  # stop once validation accuracy reaches this (needs eval_every)
     tensorboard: bool = True  # write TensorBoard scalars to out_dir/tb
     progress: bool = True  # a progress bar in a terminal or notebook (log lines in batch logs)
     # profiling (see tutorial_lib.profiling, notebook 02)
@@ -179,9 +182,12 @@ class TrainConfig:
                                            or self.num_workers < 0):
             raise ConfigError(f"num_workers={self.num_workers!r} must be auto or an integer >= 0")
         for name in ("ckpt_every", "warmup_steps", "timing_warmup", "profile_wait",
-                     "profile_warmup"):
+                     "profile_warmup", "eval_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        if self.target_accuracy is not None and not (0 < self.target_accuracy <= 1 and self.eval_every):
+            raise ConfigError(f"target_accuracy={self.target_accuracy!r} needs a fraction in (0, 1] and "
+                              f"eval_every > 0 (now {self.eval_every}), e.g. target_accuracy=0.9 eval_every=50")
         if not self.lr > 0:
             raise ConfigError(f"lr={self.lr!r} must be > 0 (e.g. lr=0.1 for SGD, lr=1e-3 for AdamW)")
         if not self.weight_decay >= 0:

@@ -114,11 +114,12 @@ class Run:
         self.clock: StepClock | None = None
         self.prior_timing = {"times": [], "waits": []}  # step times (ms) and data waits (s) before a resume
         self.stop_signal: str | None = None
+        self.val_history: list = []  # [step, training seconds, accuracy] every eval_every steps
 
     def wrap(self, net: nn.Module) -> nn.Module:
         cfg, env = self.cfg, self.env
         model = net
-        if cfg.parallel == "ddp":
+        if cfg.parallel == "ddp" and cfg.ddp_sync:  # ddp_sync=false: no DDP, ranks train apart (notebook 06)
             model = nn.parallel.DistributedDataParallel(
                 net, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 bucket_cap_mb=cfg.ddp_bucket_cap_mb, static_graph=cfg.ddp_static_graph,
@@ -224,6 +225,7 @@ class Run:
             with profiling.profiler(cfg, env) as prof:
                 batches = self.batches()
                 clock.start()
+                self.t_loop, self.eval_seconds = None, 0.0
                 while self.step < self.total_steps:
                     with profiling.nvtx_range("data wait", cfg.nvtx):
                         t0 = time.perf_counter()
@@ -232,6 +234,8 @@ class Run:
                     self.loss_log.add(self.train_step(x, y))
                     self.step += 1
                     clock.tick()
+                    if cfg.eval_every and self.t_loop is None:  # val_history's clock starts after the first step,
+                        self.t_loop = self.synced_time()  # whose one-off costs (cuDNN autotuning) are not training
                     prof.step()
                     progress.update(1)
                     if self.step % cfg.log_every == 0 or self.step == self.total_steps:
@@ -244,6 +248,8 @@ class Run:
                         self.loss_log.ship(self.step)
                         report(wait=True)
                         self.save_checkpoint()
+                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.periodic_eval():
+                        break  # target_accuracy reached (the same accuracy on every rank: all-reduced)
             self.loss_log.ship(self.step)
             report(wait=True)
         except Preempted:
@@ -300,7 +306,8 @@ class Run:
     def finish(self, clock: StepClock, wall: float) -> Result:
         cfg, env = self.cfg, self.env
         timing = timing_fields(clock, self.batch_size, env)
-        accuracy = self.evaluate() if cfg.eval else None
+        last = self.val_history[-1] if self.val_history else None
+        accuracy = last[2] if last and last[0] == self.step else self.evaluate() if cfg.eval else None
         self.check_stop()  # a signal during the evaluation: the checkpoint holds the last step
         channels, size, *_ = data.SPECS[cfg.dataset]
         flops = models.flops_per_image(cfg.model, data.num_classes(cfg.dataset), (channels, size, size))
@@ -313,15 +320,36 @@ class Run:
             resumed_from_step=self.resumed_from, wall_time_s=wall, torch_version=torch.__version__,
             compile_time_s=clock.first_step_s, flops_per_image=flops,
             mfu=peaks.mfu(timing["throughput_img_s"], flops, device_name(self.device), cfg.precision, env.world_size),
-            fp16_skipped_steps=self.skipped.total(), num_workers_used=self.input.workers)
+            fp16_skipped_steps=self.skipped.total(), num_workers_used=self.input.workers,
+            val_history=self.val_history)
         if env.is_main:
             result.save(self.out)
         return result
 
+    def periodic_eval(self) -> bool:
+        """A validation pass every eval_every steps, recorded as [step, training seconds, accuracy] (notebook 06:
+        accuracy against time); the seconds count from the end of the first step and leave the validation
+        passes out. True once target_accuracy is met."""
+        now = self.synced_time()
+        accuracy = self.evaluate()
+        self.val_history.append([self.step, round(now - self.t_loop - self.eval_seconds, 4), accuracy])
+        self.eval_seconds += time.perf_counter() - now
+        self.clock.pause_ended()  # the validation pass is not a training step: left out of the step times
+        log(self.env, f"step {self.step}: val acc {100 * accuracy:.1f}% after {self.val_history[-1][1]:.1f} s")
+        return self.cfg.target_accuracy is not None and accuracy >= self.cfg.target_accuracy
+
+    def synced_time(self) -> float:
+        """The host clock once the device has run everything queued."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
     @torch.no_grad()
     def evaluate(self) -> float:
         self.model.eval()
-        loader = self.val_input or data.build_input(self.cfg, "val", self.env, self.batch_size)
+        if self.val_input is None:  # built once: a gpu_resident set is copied to the device once
+            self.val_input = data.build_input(self.cfg, "val", self.env, self.batch_size)
+        loader = self.val_input
         correct = torch.zeros(2, device=self.device)
         for x, y in loader.epoch(0, 0):
             if self.stop_requested and not self.env.distributed:
@@ -416,14 +444,16 @@ def train(cfg: TrainConfig) -> Result:
         return run.fit()
 
 
-def launch(cfg: TrainConfig, nproc: int, extra_env: dict | None = None, timeout: float | None = None) -> Result:
+def launch(cfg: TrainConfig, nproc: int, extra_env: dict | None = None, timeout: float | None = None,
+           command: str = "train", args: tuple = ()) -> Result | None:
     """Run `cfg` as DDP with `nproc` processes through torchrun, streaming their output into the cell
-    (notebook 05). Returns the run's result (rank 0's result.json).
+    (notebook 05). Returns the run's result (rank 0's result.json); command="bench" runs the bench on every
+    rank instead (`args`: its options, e.g. ("--steps", "40")) and returns None: read <out_dir>/bench.json.
 
     Functions defined in a notebook can't be spawned, so the processes run the package's CLI
     (`-m tutorial_lib train`) with the config as key=value overrides."""
     cfg = cfg.replace(parallel="ddp", progress=False)  # a progress bar can't stream through a pipe
-    words = ["--standalone", f"--nproc_per_node={nproc}", "-m", "tutorial_lib", "train", *cfg.to_overrides()]
+    words = ["--standalone", f"--nproc_per_node={nproc}", "-m", "tutorial_lib", command, *args, *cfg.to_overrides()]
     print("$ torchrun " + " ".join(words), flush=True)
     threads = max(1, usable_cpus() // nproc)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), **(extra_env or {})}
@@ -436,4 +466,4 @@ def launch(cfg: TrainConfig, nproc: int, extra_env: dict | None = None, timeout:
     if proc.wait(timeout) != 0:
         tail = "".join(lines[-5:]).strip()
         raise UserError(f"torchrun exited with code {proc.returncode}; its last lines:\n{tail}")
-    return load_result(cfg.out_dir)
+    return load_result(cfg.out_dir) if command == "train" else None

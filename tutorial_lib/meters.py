@@ -93,7 +93,9 @@ class StepClock:
     def __init__(self, device: torch.device, warmup: int, time_first: bool = False, prior: dict | None = None):
         self.cuda = device.type == "cuda"
         self.warmup, self.steps = warmup, 0
-        self.marks: list = []  # marks[i]: the end of step warmup + i
+        self.marks: list = []  # the end of each timed step (and of each pause)
+        self.pauses: set[int] = set()  # i: marks[i] -> marks[i + 1] is a pause (a validation pass), not a step
+        self.tick_marks: list[int] = []  # index in marks of the end of timed tick k
         self.waits: list[float] = []  # seconds each timed step waited for its batch
         # with time_first, the first step is also timed on its own (one sync): where torch.compile compiles
         self.time_first, self.first_step_s, self._t0, self._first_wait = time_first, None, 0.0, 0.0
@@ -117,6 +119,7 @@ class StepClock:
         self._t0 = time.perf_counter()
         if self.warmup == 0:
             self.marks.append(self._mark())
+            self.tick_marks.append(0)
 
     def data_wait(self, seconds: float) -> None:
         """The step about to run waited `seconds` for its batch (counted once the warm-up is over)."""
@@ -130,6 +133,7 @@ class StepClock:
         self.steps += 1
         if self.steps >= self.warmup:
             self.marks.append(self._mark())
+            self.tick_marks.append(len(self.marks) - 1)
         if self.time_first and self.steps == 1:
             if self.cuda:
                 torch.cuda.synchronize()
@@ -142,18 +146,29 @@ class StepClock:
         if self.cuda and self.marks:
             self.marks[-1].synchronize()
 
+    def pause_ended(self) -> None:
+        """The loop did something that is not a step since the last mark (a validation pass): leave it out."""
+        if self.marks:
+            self.pauses.add(len(self.marks) - 1)
+            self.marks.append(self._mark())
+
+    def _steps(self, first: int = 0, last: int | None = None) -> list:
+        """(start, end) marks of the timed steps between marks[first] and marks[last], pauses left out."""
+        last = len(self.marks) - 1 if last is None else last
+        return [(self.marks[i], self.marks[i + 1]) for i in range(first, last) if i not in self.pauses]
+
     @property
     def timed_steps(self) -> int:
-        return max(0, len(self.marks) - 1)
+        return len(self._steps())
 
     def total_seconds(self) -> float:
-        """Time from the end of the warm-up to the last step (0.0 when no step was timed)."""
+        """Time of the timed steps, from the end of the warm-up to the last step, pauses left out."""
         self._read()
-        return self._seconds(self.marks[0], self.marks[-1]) if self.timed_steps else 0.0
+        return sum(self._seconds(a, b) for a, b in self._steps())
 
     def step_times_ms(self) -> list[float]:
         self._read()
-        return [1000 * self._seconds(a, b) for a, b in zip(self.marks, self.marks[1:])]
+        return [1000 * self._seconds(a, b) for a, b in self._steps()]
 
     def window_seconds(self, window: int) -> list[float]:
         """The time of each full window of `window` timed steps (for the spread of a figure)."""
@@ -167,6 +182,7 @@ class StepClock:
         the device (its loss has arrived): then reading the events does not wait."""
         last = step - self.warmup
         first = max(0, last - n)
-        if last <= first or last >= len(self.marks):
+        if last <= first or last >= len(self.tick_marks):
             return None
-        return (last - first) / self._seconds(self.marks[first], self.marks[last])
+        steps = self._steps(self.tick_marks[first], self.tick_marks[last])
+        return len(steps) / sum(self._seconds(a, b) for a, b in steps)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from .config import UserError
@@ -34,10 +34,9 @@ class Result:
     flops_per_image: float | None = None  # forward + backward, counted once by torch.utils.flop_counter
     mfu: float | None = None  # achieved FLOP/s / the card's dense peak for the precision (None: CPU, unknown card)
     fp16_skipped_steps: int | None = None  # optimizer steps the GradScaler skipped (inf/NaN gradients); fp16 only
-
-
     data_wait_fraction: float | None = None  # share of the timed time the loop waited for batches
     num_workers_used: int | None = None  # DataLoader workers the run had (num_workers=auto resolved)
+    val_history: list = field(default_factory=list)  # [step, training seconds, val accuracy] per eval_every
 
     def summary(self) -> str:
         acc = "n/a" if self.val_accuracy is None else f"{100 * self.val_accuracy:.1f}%"
@@ -46,10 +45,12 @@ class Result:
         extra = "" if self.mfu is None else f" | MFU {100 * self.mfu:.0f}%"
         if self.compile_time_s is not None:
             extra += f" | compile {self.compile_time_s:.0f} s"
-        return (f"{self.throughput_img_s:,.0f} img/s on {self.device} x{self.world_size} | step "
-                f"{self.step_time_ms['median']:.1f} ms (p10 {self.step_time_ms['p10']:.1f}, p90 "
-                f"{self.step_time_ms['p90']:.1f}){self._waited()} | loss {first} -> {self.final_loss:.3f} | "
-                f"val acc {acc} | peak mem {mem}")
+        ms = {k: "n/a" if v is None or v != v else f"{v:.1f}" for k, v in self.step_time_ms.items()}  # no timed step
+        rate = self.throughput_img_s
+        rate = "n/a" if rate is None or rate != rate else f"{rate:,.0f}"
+        return (f"{rate} img/s on {self.device} x{self.world_size} | step {ms['median']} ms (p10 {ms['p10']}, "
+                f"p90 {ms['p90']}){self._waited()} | loss {first} -> {self.final_loss:.3f} | "
+                f"val acc {acc} | peak mem {mem}{extra}")
 
     def _waited(self) -> str:
         if self.data_wait_fraction is None:

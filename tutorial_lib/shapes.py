@@ -2,6 +2,9 @@
 has data without a download: ten shape classes on noisy backgrounds, 32x32 RGB, uint8.
 
 `data` serves it from memory (dataset=shapes); `imagefolder` writes it as PNG files (dataset=imagefolder).
+`shapes_hard` (dataset=shapes_hard) draws the same ten classes smaller, fainter and noisier, among two faint
+distractor shapes: a GPU needs minutes rather than seconds to learn it, so the learning rate matters
+(notebook 06: time to a target accuracy).
 """
 from __future__ import annotations
 
@@ -12,17 +15,19 @@ import numpy as np
 SHAPE_NAMES = ("disk", "square", "diamond", "ring", "plus", "cross", "hbar", "vbar", "triangle", "frame")
 
 
-def make_shapes(n: int, seed: int, size: int = 32, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """`n` images (n, size, size, 3) uint8 of ten shape classes on noisy backgrounds, and their labels.
+def make_shapes(n: int, seed: int, size: int = 32, chunk: int = 4096,
+                hard: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """`n` images (n, size, size, 3) uint8 of ten shape classes on noisy backgrounds, and their labels
+    (hard=True: the shapes_hard set).
 
     Deterministic from `seed`; the first k images are the same whatever `n` is (chunks have their own seeds).
     (Notebook 00 teaches it.)
     """
     images, labels = [], []
     for start in range(0, n, chunk):
-        rng = np.random.default_rng([seed, start // chunk])
+        rng = np.random.default_rng([seed, start // chunk, *([7] if hard else [])])
         m = min(chunk, n - start)
-        x, y = _shape_chunk(rng, chunk, size)
+        x, y = (_hard_chunk if hard else _shape_chunk)(rng, chunk, size)
         images.append(x[:m])
         labels.append(y[:m])
     return np.concatenate(images), np.concatenate(labels)
@@ -33,30 +38,64 @@ def _shape_chunk(rng: np.random.Generator, m: int, size: int) -> tuple[np.ndarra
     r = rng.uniform(0.22, 0.42, (m, 1, 1)) * size
     cx = rng.uniform(0.35, 0.65, (m, 1, 1)) * size
     cy = rng.uniform(0.35, 0.65, (m, 1, 1)) * size
-    grid = np.arange(size, dtype=np.float32) + 0.5
-    dx, dy = grid[None, None, :] - cx, grid[None, :, None] - cy
-    ax, ay, dist, box = np.abs(dx), np.abs(dy), np.sqrt(dx**2 + dy**2), np.maximum(np.abs(dx), np.abs(dy))
-    t = r / 3
-    masks = np.stack([
-        dist < r,                                            # disk
-        box < r * 0.85,                                      # square
-        ax + ay < r,                                         # diamond
-        (dist < r) & (dist > r * 0.55),                      # ring
-        ((ax < t) & (ay < r)) | ((ay < t) & (ax < r)),       # plus
-        (np.abs(ax - ay) < t * 0.8) & (box < r * 0.85),      # cross (x)
-        (ay < t) & (ax < r),                                 # horizontal bar
-        (ax < t) & (ay < r),                                 # vertical bar
-        (dy < r * 0.7) & (dy > -r * 0.7) & (ax < (dy + r * 0.7) * 0.6),  # triangle
-        (box < r * 0.85) & (box > r * 0.5),                  # frame
-    ])[y, np.arange(m)]
+    masks = _masks(y, r, cx, cy, size)
     bg = rng.uniform(0, 255, (m, 1, 1, 3))
     fg = (bg + rng.choice([-1, 1], (m, 1, 1, 1)) * rng.uniform(70, 150, (m, 1, 1, 3))) % 256
     img = np.where(masks[..., None], fg, bg) + rng.normal(0, 18, (m, size, size, 3))
     return np.clip(img, 0, 255).astype(np.uint8), y.astype(np.int64)
 
 
+def _hard_chunk(rng: np.random.Generator, m: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Small shapes (radius 16-30% of the image, not 22-42%), about half the contrast, twice the noise, drawn
+    over two fainter, smaller shapes of random classes (distractors)."""
+    y = rng.integers(0, 10, m)
+    img = np.broadcast_to(rng.uniform(0, 255, (m, 1, 1, 3)), (m, size, size, 3)).copy()
+    for _ in range(2):  # distractors first, so the labelled shape lies on top
+        _draw(img, rng, rng.integers(0, 10, m), (0.08, 0.15), (0.15, 0.85), (20, 50), size)
+    _draw(img, rng, y, (0.16, 0.30), (0.3, 0.7), (40, 100), size)
+    img += rng.normal(0, 36, (m, size, size, 3))
+    return np.clip(img, 0, 255).astype(np.uint8), y.astype(np.int64)
+
+
+def _draw(img: np.ndarray, rng: np.random.Generator, y: np.ndarray, radius, centre, contrast, size: int) -> None:
+    """Paint shapes of classes `y` into `img` in place, each in its background colour shifted by `contrast`."""
+    m = len(y)
+    r = rng.uniform(*radius, (m, 1, 1)) * size
+    cx, cy = (rng.uniform(*centre, (m, 1, 1)) * size for _ in range(2))
+    shift = rng.choice([-1, 1], (m, 1, 1, 1)) * rng.uniform(*contrast, (m, 1, 1, 3))
+    fg = (img[:, :1, :1, :] + shift) % 256
+    np.copyto(img, np.broadcast_to(fg, img.shape), where=_masks(y, r, cx, cy, size)[..., None])
+
+
+def _masks(y: np.ndarray, r: np.ndarray, cx: np.ndarray, cy: np.ndarray, size: int) -> np.ndarray:
+    """(m, size, size) bool: the shape of class y[i] with radius r[i] centred at (cx[i], cy[i])."""
+    grid = np.arange(size, dtype=np.float32) + 0.5
+    out = np.empty((len(y), size, size), dtype=bool)
+    for c in np.unique(y):  # each class's formula only on its own images
+        i = y == c
+        out[i] = _mask(int(c), grid[None, None, :] - cx[i], grid[None, :, None] - cy[i], r[i])
+    return out
+
+
+def _mask(c: int, dx: np.ndarray, dy: np.ndarray, r: np.ndarray) -> np.ndarray:
+    ax, ay = np.abs(dx), np.abs(dy)
+    dist, box, t = np.sqrt(dx**2 + dy**2), np.maximum(ax, ay), r / 3
+    return [
+        lambda: dist < r,                                            # disk
+        lambda: box < r * 0.85,                                      # square
+        lambda: ax + ay < r,                                         # diamond
+        lambda: (dist < r) & (dist > r * 0.55),                      # ring
+        lambda: ((ax < t) & (ay < r)) | ((ay < t) & (ax < r)),       # plus
+        lambda: (np.abs(ax - ay) < t * 0.8) & (box < r * 0.85),      # cross (x)
+        lambda: (ay < t) & (ax < r),                                 # horizontal bar
+        lambda: (ax < t) & (ay < r),                                 # vertical bar
+        lambda: (dy < r * 0.7) & (dy > -r * 0.7) & (ax < (dy + r * 0.7) * 0.6),  # triangle
+        lambda: (box < r * 0.85) & (box > r * 0.5),                  # frame
+    ][c]()
+
+
 @functools.lru_cache(maxsize=2)
-def cached_shapes(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def cached_shapes(n: int, seed: int, hard: bool = False) -> tuple[np.ndarray, np.ndarray]:
     # a train and a val split kept: runs after the first in a process (a notebook, a bench) skip seconds of
     # generating; nothing writes into these arrays (augmentation makes new tensors)
-    return make_shapes(n, seed)
+    return make_shapes(n, seed, hard=hard)
