@@ -308,6 +308,9 @@ def committed_submitted(work):
     fake = _fake_tools(work / "bin")
     env = f"--export=ALL,PATH={fake}:{os.environ['PATH']},FAKE_PIDS={work}/smi.pids,FAKE_NSYS_LOG={work}/nsys"
     submitted = {path.name: jobs.submit(cpu_sized(path, work), sbatch_args=[env]) for path in COMMITTED}
+    yield submitted
+    for job in submitted.values():
+        subprocess.run(["scancel", job.id], capture_output=True)
 
 
 # ---------------------------------------------------------------------------------------- notebook 06's jobs
