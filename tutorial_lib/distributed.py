@@ -80,10 +80,34 @@ def all_gather(value, env: DistEnv) -> list:
     return out
 
 
-def any_rank(flag: bool, env: DistEnv) -> bool:
-    """True on every rank when `flag` is true on at least one (e.g. a stop signal seen by one rank)."""
-    if not env.distributed:
-        return flag
-    t = torch.tensor([int(flag)], device=env.device if env.backend == "nccl" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+class StopVote:
+    """Did any rank see a stop signal (SIGUSR1)? Asked every log interval without stopping the GPU: `.item()`
+    right after an all_reduce waits for every kernel queued so far, and the GPU then idles while Python queues
+    the next step. So the vote cast at one interval is read at the next (copied to pinned host memory in the
+    meantime): every rank reads the same vote at the same step, and they all stop together, one interval later."""
+
+    def __init__(self, env: DistEnv):
+        self.env, self.pending = env, None
+
+    def poll(self, flag: bool) -> bool:
+        """Cast this rank's `flag`; True when the previous vote found a flag on some rank."""
+        if not self.env.distributed:
+            return flag
+        seen = False
+        if self.pending is not None:
+            host, done = self.pending
+            done.synchronize() if isinstance(done, torch.cuda.Event) else done.wait()
+            seen = bool(host.item())
+        nccl = self.env.backend == "nccl"
+        t = torch.full((1,), int(flag), dtype=torch.int32, device=self.env.device if nccl else "cpu")
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+        if nccl:
+            work.wait()  # with NCCL: the current stream waits for the all-reduce; the host does not
+            host = torch.empty(1, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            self.pending = (host, done)
+        else:
+            self.pending = (t, work)
+        return seen

@@ -119,7 +119,8 @@ class Run:
         set_cudnn_benchmark(cfg)
         self.input = data.build_input(cfg, "train", env, self.batch_size)
         self.steps_per_epoch = self.input.steps_per_epoch
-        self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
+        self.total_steps = cfg.steps or max(1, cfg.epochs * self.steps_per_epoch // cfg.grad_accum_steps)
+        self.images_per_step = self.batch_size * env.world_size * cfg.grad_accum_steps
         self.raw_model = models.build(cfg.model, data.num_classes(cfg.dataset)).to(self.device)
         if cfg.channels_last:
             self.raw_model = self.raw_model.to(memory_format=torch.channels_last)
@@ -132,22 +133,33 @@ class Run:
         self.stop_requested = False
 
     def wrap(self, net: nn.Module) -> nn.Module:
+        """The model as the step calls it: DDP or DataParallel around `net`, compiled if asked (notebook 05).
+        Under DDP, torch.compile either compiles DDP's forward split at the gradient buckets (ddp_compile=split,
+        so each bucket's all-reduce overlaps the rest of the backward pass), DDP's forward as one graph (whole:
+        the all-reduces start after the backward pass), or the bare model, which DDP then wraps (inner)."""
         cfg, env = self.cfg, self.env
-        model = net
+        self.ddp = None
         if cfg.parallel == "ddp":
-            model = nn.parallel.DistributedDataParallel(
+            if cfg.sync_batchnorm:
+                net = self.raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+            if cfg.compile and cfg.ddp_compile == "inner":
+                net = torch.compile(net, mode=cfg.compile_mode)
+            self.ddp = nn.parallel.DistributedDataParallel(
                 net, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 bucket_cap_mb=cfg.ddp_bucket_cap_mb, static_graph=cfg.ddp_static_graph,
-                gradient_as_bucket_view=cfg.ddp_gradient_as_bucket_view)
-        elif cfg.parallel == "dp":
+                gradient_as_bucket_view=cfg.ddp_gradient_as_bucket_view,
+                broadcast_buffers=cfg.ddp_broadcast_buffers)
+            if cfg.compile and cfg.ddp_compile != "inner":
+                torch._dynamo.config.optimize_ddp = cfg.ddp_compile == "split"  # DDPOptimizer: cut at buckets
+                return torch.compile(self.ddp, mode=cfg.compile_mode)
+            return self.ddp
+        if cfg.parallel == "dp":
             n = torch.cuda.device_count() if self.device.type == "cuda" else 0
             if n < 2:
                 log(env, f"note: parallel=dp with {n or 'no'} GPU{'s' if n != 1 else ''} visible: DataParallel has "
                          "nothing to split and runs the model once per step, as parallel=none would")
-            model = nn.DataParallel(net)
-        if cfg.compile:
-            model = torch.compile(model, mode=cfg.compile_mode)
-        return model
+            return LabelledDataParallel(net, nvtx=cfg.nvtx)
+        return torch.compile(net, mode=cfg.compile_mode) if cfg.compile else net
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         cfg = self.cfg
@@ -163,23 +175,32 @@ class Run:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, y.to(self.device, non_blocking=True)
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def train_step(self, x, y) -> torch.Tensor:
+        """One optimizer step on a batch, or on lists of grad_accum_steps micro-batches (gradients add up;
+        under DDP only the last micro-batch's backward all-reduces, the others run inside no_sync())."""
         nvtx = self.cfg.nvtx
-        with profiling.nvtx_range("forward", nvtx), autocast(self.cfg, self.device):
-            loss = F.cross_entropy(self.model(x), y)
+        micro = list(zip(x, y)) if isinstance(x, (list, tuple)) else [(x, y)]
         self.opt.zero_grad(set_to_none=True)
-        with profiling.nvtx_range("backward", nvtx):
-            self.scaler.scale(loss).backward()
+        for i, (xb, yb) in enumerate(micro):
+            last = i == len(micro) - 1
+            with self.ddp.no_sync() if self.ddp is not None and not last else nullcontext():
+                with profiling.nvtx_range("forward", nvtx), autocast(self.cfg, self.device):
+                    loss = F.cross_entropy(self.model(xb), yb)
+                    if len(micro) > 1:
+                        loss = loss / len(micro)
+                with profiling.nvtx_range("backward", nvtx):
+                    self.scaler.scale(loss).backward()
+            total = loss.detach() if i == 0 else total + loss.detach()
         with profiling.nvtx_range("optimizer", nvtx):
             self.scaler.step(self.opt)
             self.scaler.update()
             self.sched.step()
-        return loss.detach()
+        return total
 
     # ------------------------------------------------------------------ the loop
     def batches(self):
         """(x, y) on the device forever, epoch after epoch, starting where self.step says (resume)."""
-        epoch, start = divmod(self.step, self.steps_per_epoch)
+        epoch, start = divmod(self.step * self.cfg.grad_accum_steps, self.steps_per_epoch)
         while True:
             for x, y in self.input.epoch(epoch, start):
                 with profiling.nvtx_range("h2d copy", self.cfg.nvtx):
@@ -198,6 +219,7 @@ class Run:
         def report(wait: bool = False) -> None:
             self.report_losses(self.loss_log.ready(wait), writer, meter, progress)
         old_handler = self.catch_preemption()
+        vote = distributed.StopVote(env)
         try:
             with profiling.profiler(cfg, env) as prof:
                 batches = self.batches()
@@ -205,7 +227,7 @@ class Run:
                 while self.step < self.total_steps:
                     with profiling.nvtx_range("data wait", cfg.nvtx):
                         t0 = time.perf_counter()
-                        x, y = next(batches)
+                        x, y = self.next_batch(batches)
                         meter.data_wait(time.perf_counter() - t0)
                     self.loss_log.add(self.train_step(x, y))
                     self.step += 1
@@ -215,7 +237,7 @@ class Run:
                     if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                         self.loss_log.ship(self.step)
                         report()
-                        if distributed.any_rank(self.stop_requested, env):
+                        if vote.poll(self.stop_requested):
                             raise Preempted
                     elif not env.distributed and self.stop_requested:
                         raise Preempted
@@ -243,6 +265,13 @@ class Run:
             self.save_checkpoint()
         return self.finish(meter, time.perf_counter() - t_start)
 
+    def next_batch(self, batches):
+        """The next step's input: one batch, or lists of grad_accum_steps micro-batches."""
+        if self.cfg.grad_accum_steps == 1:
+            return next(batches)
+        xs, ys = zip(*(next(batches) for _ in range(self.cfg.grad_accum_steps)))
+        return list(xs), list(ys)
+
     @property
     def losses(self) -> list[float]:
         return self.loss_log.values
@@ -258,7 +287,7 @@ class Run:
                 writer.add_scalar("train/lr", self.sched.get_last_lr()[0], step)
                 rate = meter.recent_rate(len(values))
                 if rate:
-                    writer.add_scalar("perf/img_per_s", rate * self.batch_size * self.env.world_size, step)
+                    writer.add_scalar("perf/img_per_s", rate * self.images_per_step, step)
                 if self.device.type == "cuda":
                     writer.add_scalar("perf/memory_mb", torch.cuda.max_memory_allocated(self.device) / 2**20, step)
 
@@ -272,8 +301,8 @@ class Run:
         peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None
         result = Result(
             config=cfg.to_dict(), device=device_name(self.device), world_size=env.world_size, steps=self.step,
-            global_batch=self.batch_size * env.world_size,
-            throughput_img_s=self.batch_size * env.world_size / (slowest / 1000) if times else 0.0,
+            global_batch=self.images_per_step,
+            throughput_img_s=self.images_per_step / (slowest / 1000) if times else 0.0,
             step_time_ms={"median": median, "p10": percentile(times, 0.1) if times else median,
                           "p90": percentile(times, 0.9) if times else median, "timed_steps": len(times),
                           "slowest_rank_median": slowest},
@@ -364,6 +393,32 @@ class Run:
         self.step, self.resumed_from = state["step"], state["step"]
         self.loss_log.values = list(state["losses"])
         log(self.env, f"resuming from step {self.step} of {path} (resume=false starts afresh)")
+
+
+class LabelledDataParallel(nn.DataParallel):
+    """nn.DataParallel with the parts of its forward labelled for the profiler and Nsight: every step it
+    splits the batch over the GPUs (scatter), copies the model to each of them (replicate), runs the copies in
+    one thread each (parallel_apply) and collects their outputs on GPU 0 (gather). Notebook 05 times them."""
+
+    def __init__(self, module: nn.Module, nvtx: bool = False):
+        super().__init__(module)
+        self.nvtx = nvtx
+
+    def scatter(self, inputs, kwargs, device_ids):
+        with profiling.nvtx_range("dp scatter", self.nvtx):
+            return super().scatter(inputs, kwargs, device_ids)
+
+    def replicate(self, module, device_ids):
+        with profiling.nvtx_range("dp replicate", self.nvtx):
+            return super().replicate(module, device_ids)
+
+    def parallel_apply(self, replicas, inputs, kwargs):
+        with profiling.nvtx_range("dp parallel forward", self.nvtx):
+            return super().parallel_apply(replicas, inputs, kwargs)
+
+    def gather(self, outputs, output_device):
+        with profiling.nvtx_range("dp gather", self.nvtx):
+            return super().gather(outputs, output_device)
 
 
 class LossLog:

@@ -37,14 +37,16 @@ def activities(device: torch.device | str) -> list:
 
 @contextmanager
 def profiler(cfg, env):
-    """A torch.profiler.profile configured from cfg (profile=true), one gzipped trace per rank;
+    """A torch.profiler.profile configured from cfg (profile=true), one gzipped trace per rank (or only on the
+    ranks in profile_ranks: one rank's trace is usually enough, and the others then run unslowed);
     otherwise an object whose step() does nothing.
 
     The schedule skips `profile_wait` steps, warms up for `profile_warmup` (recorded, then thrown away: the
     first recorded steps carry the profiler's own start-up cost), records `profile_active`, and does that
     `profile_repeat` times; each cycle writes one file, rank<N>.<timestamp>.pt.trace.json.gz.
     """
-    if not cfg.profile:
+    ranks = cfg.profile_rank_set()
+    if not cfg.profile or (ranks is not None and env.rank not in ranks):
         yield _NoProfiler()
         return
     needed = cfg.profile_wait + cfg.profile_warmup + cfg.profile_active

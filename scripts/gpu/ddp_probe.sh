@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Issue 11's question on a 4-GPU node (run from the repo root; $OUT collects the outputs): why does DDP with
+# torch.compile lose half of every GPU at batch 256 per GPU? CIFAR-stem ResNet-18, bf16 + channels_last +
+# loader=gpu_resident, the workbook CLI (`python -m tutorial_lib train`, under torchrun for DDP):
+#   1 GPU  at batch 256: eager, compile default, compile reduce-overhead; and reduce-overhead at batch 1024
+#          (the four at once, one per GPU, each pinned to its own quarter of the CPUs)
+#   4 GPUs at batch 256 per GPU, DDP: reduce-overhead with ddp_compile=split (today's engine; per-rank traces),
+#          inner (compile the model, then wrap it; rank 0's trace: profile_ranks=0), whole
+#          (torch._dynamo.config.optimize_ddp=False), eager, broadcast_buffers=false, bucket_cap_mb=100,
+#          compile default; inner at batch 1024 per GPU
+# Cases run in that order (most telling first) until the time budget (PROBE_BUDGET s, default 400) would be
+# exceeded; the rest are reported as skipped. About 7 minutes. Writes to $OUT: ddp_probe.json (every case),
+# ddp_probe.txt (the table), ddp_probe.log (every run's output), traces.txt (tl.trace_summary of each rank's
+# trace), traces.tar.gz (the traces themselves).
+# CPU test mode: CPU=1 bash scripts/gpu/ddp_probe.sh  (2 gloo processes, tiny sizes, every case; ~10 min on 2 cores)
+set -uo pipefail
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 KINETO_LOG_LEVEL=99
+export OUT=${OUT:-build/gpu/ddp_probe}; mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+if [ "${CPU:-0}" = 0 ]; then nvidia-smi -L; nvidia-smi topo -m 2>/dev/null | head -8; fi
+"$PY" -c 'import os, torch; print("torch", torch.__version__, "| CPUs:", len(os.sched_getaffinity(0)),
+          "| GPUs:", torch.cuda.device_count())'
+exec "$PY" scripts/gpu/ddp_probe.py
