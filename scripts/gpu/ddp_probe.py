@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ddp_cases import CPU, OUT, Cases, best_singles, pack_traces, summarize_traces, table  # noqa: E402
+from ddp_cases import CPU, OUT, Cases, best_singles, efficiency, pack_traces, summarize_traces, table  # noqa: E402
+
+from tutorial_lib import reference  # noqa: E402
 
 RO = dict(compile=True, compile_mode="reduce-overhead")
 DDP = dict(parallel="ddp")
@@ -66,6 +68,16 @@ def main() -> int:
     (OUT / "ddp_probe.json").write_text(json.dumps(
         {"cpu_mode": CPU, "device": device, "best_single_img_s": singles, "cases": cases.records,
          "traces": traces}, indent=1, default=str) + "\n")
+    figures = {"device": device}
+    for r in cases.records:
+        if "img_s" in r:
+            figures[f"{r['case']}_img_s"] = round(r["img_s"], 1)
+            eff = efficiency(r, singles.get(r["overrides"].get("batch_size", 256)))
+            if r["gpus"] > 1 and eff is not None:
+                figures[f"{r['case']}_efficiency"] = round(eff, 3)
+    # notebook 05 shows these (copy $OUT/05_ddp_probe.json to notebooks/reference/)
+    reference.write("05_ddp_probe", figures, script="scripts/gpu/ddp_probe.sh" + (" (CPU test mode)" if CPU else ""),
+                    folder=OUT, **(dict(card="CPU", gpus=0, torch_version="cpu-test") if CPU else {}))
     print(f"\nwrote {', '.join(sorted(p.name for p in OUT.iterdir()))} to {OUT}")
     return 0 if any("img_s" in r for r in cases.records) else 1
 

@@ -11,7 +11,8 @@
 # Cases run in that order (most telling first) until the time budget (PROBE_BUDGET s, default 400) would be
 # exceeded; the rest are reported as skipped. About 7 minutes. Writes to $OUT: ddp_probe.json (every case),
 # ddp_probe.txt (the table), ddp_probe.log (every run's output), traces.txt (tl.trace_summary of each rank's
-# trace), traces.tar.gz (the traces themselves).
+# trace), traces.tar.gz (the traces themselves), 05_ddp_probe.json (img/s and efficiency per case, a
+# tl.reference file for notebook 05: copy it to notebooks/reference/).
 # CPU test mode: CPU=1 bash scripts/gpu/ddp_probe.sh  (2 gloo processes, tiny sizes, every case; ~10 min on 2 cores)
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 KINETO_LOG_LEVEL=99
