@@ -120,7 +120,7 @@ class TrainConfig:
     ddp_static_graph: bool = False  # tell DDP the graph never changes (skips per-step bookkeeping)
     ddp_gradient_as_bucket_view: bool = True  # gradients live in DDP's buckets (no extra copy)
     ddp_broadcast_buffers: bool = True  # copy rank 0's buffers (BatchNorm running stats) to every rank each forward
-    ddp_compile: str = "split"  # compile=true with DDP: split (graph cut at buckets), whole (one graph), inner (compile, then wrap)
+    ddp_compile: str = "split"  # compile=true with DDP: split (graph cut at buckets), whole (one graph), inner (compile, then wrap; cut)
     sync_batchnorm: bool = False  # DDP: BatchNorm statistics over the global batch (SyncBatchNorm; GPUs only)
     grad_accum_steps: int = 1  # micro-batches per optimizer step (DDP all-reduces only on the last: no_sync)
     cudnn_benchmark: bool = True  # let cuDNN time its algorithms for each new input shape

@@ -134,14 +134,17 @@ class Run:
 
     def wrap(self, net: nn.Module) -> nn.Module:
         """The model as the step calls it: DDP or DataParallel around `net`, compiled if asked (notebook 05).
-        Under DDP, torch.compile either compiles DDP's forward split at the gradient buckets (ddp_compile=split,
-        so each bucket's all-reduce overlaps the rest of the backward pass), DDP's forward as one graph (whole:
-        the all-reduces start after the backward pass), or the bare model, which DDP then wraps (inner)."""
+        Under DDP, Dynamo's DDPOptimizer cuts the compiled graph at the gradient buckets so that each bucket's
+        all-reduce overlaps the rest of the backward pass (ddp_compile=split: compile the DDP module; inner:
+        compile the model, then wrap it -- DDP's forward tells Dynamo, which cuts all the same); whole: no
+        cuts (torch._dynamo.config.optimize_ddp=False), one graph, the all-reduces after the backward pass."""
         cfg, env = self.cfg, self.env
         self.ddp = None
         if cfg.parallel == "ddp":
             if cfg.sync_batchnorm:
                 net = self.raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+            if cfg.compile:
+                torch._dynamo.config.optimize_ddp = cfg.ddp_compile != "whole"  # DDPOptimizer: cut at buckets
             if cfg.compile and cfg.ddp_compile == "inner":
                 net = torch.compile(net, mode=cfg.compile_mode)
             self.ddp = nn.parallel.DistributedDataParallel(
@@ -150,7 +153,6 @@ class Run:
                 gradient_as_bucket_view=cfg.ddp_gradient_as_bucket_view,
                 broadcast_buffers=cfg.ddp_broadcast_buffers)
             if cfg.compile and cfg.ddp_compile != "inner":
-                torch._dynamo.config.optimize_ddp = cfg.ddp_compile == "split"  # DDPOptimizer: cut at buckets
                 return torch.compile(self.ddp, mode=cfg.compile_mode)
             return self.ddp
         if cfg.parallel == "dp":

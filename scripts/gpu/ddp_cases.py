@@ -71,6 +71,8 @@ class Cases:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first_gpu + i) for i in range(gpus))
         if overrides.get("compile"):
             env.setdefault("TORCH_LOGS", "perf_hints,recompiles,graph_breaks")
+            if CPU:  # the test mode checks the plumbing (Dynamo, DDP's graph cuts, AOTAutograd), not Inductor's
+                env.setdefault("TORCH_COMPILE_OVERRIDE_BACKENDS", ">=0:aot_eager")  # C++ builds: minutes on 2 cores
         return env
 
     def start(self, case: str, gpus: int, overrides: dict, first_gpu: int = 0, cpus: list[int] | None = None,
@@ -88,8 +90,9 @@ class Cases:
                 "t0": time.time(), "cmd": " ".join(cmd[1:])}
 
     def finish(self, job: dict, timeout: float) -> dict:
+        """Wait for a started case (at most `timeout` s after its start), log its output, read its result."""
         try:
-            text, _ = job["proc"].communicate(timeout=max(1, timeout))
+            text, _ = job["proc"].communicate(timeout=max(1, job["t0"] + timeout - time.time()))
             status = "ok" if job["proc"].returncode == 0 else f"failed (exit {job['proc'].returncode})"
         except subprocess.TimeoutExpired:
             job["proc"].kill()

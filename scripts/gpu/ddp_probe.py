@@ -22,7 +22,7 @@ TRACE_RANK0 = {**TRACE_ALL, "profile_ranks": "0"}
 
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
-    budget = float(os.environ.get("PROBE_BUDGET", 1200 if CPU else 400))
+    budget = float(os.environ.get("PROBE_BUDGET", 1200 if CPU else 330))
     cases = Cases("ddp_probe", budget, OUT / "ddp_probe.log")
     n = 2 if CPU else 4
     print(f"== 1 GPU, four cases at once (one per GPU); budget {budget:.0f} s", flush=True)
@@ -34,14 +34,15 @@ def main() -> int:
     print(f"== DDP on {n} GPUs, batch 256 per GPU unless named", flush=True)
     ddp = [  # name, overrides, seconds it may take (compilation included)
         ("ddp_ro_split", dict(DDP, **RO, ddp_compile="split", **TRACE_ALL), 75),
-        ("ddp_ro_inner", dict(DDP, **RO, ddp_compile="inner", **TRACE_RANK0), 55),
-        ("ddp_ro_whole", dict(DDP, **RO, ddp_compile="whole"), 60),
+        ("ddp_ro_whole", dict(DDP, **RO, ddp_compile="whole", **TRACE_RANK0), 60),
+        ("ddp_ro_inner", dict(DDP, **RO, ddp_compile="inner"), 55),
         ("ddp_eager", dict(DDP), 25),
-        ("ddp_ro_inner_b1024", dict(DDP, **RO, ddp_compile="inner", batch_size=1024, steps=120, timing_warmup=40), 55),
+        ("ddp_ro_whole_b1024", dict(DDP, **RO, ddp_compile="whole", batch_size=1024, steps=120, timing_warmup=40), 55),
+        ("ddp_ro_split_b1024", dict(DDP, **RO, ddp_compile="split", batch_size=1024, steps=120, timing_warmup=40), 55),
         ("ddp_ro_split_no_broadcast", dict(DDP, **RO, ddp_compile="split", ddp_broadcast_buffers=False), 45),
         ("ddp_ro_split_bucket100", dict(DDP, **RO, ddp_compile="split", ddp_bucket_cap_mb=100), 45),
         ("ddp_default_split", dict(DDP, compile=True, ddp_compile="split"), 55),
-        ("ddp_ro_inner_static", dict(DDP, **RO, ddp_compile="inner", ddp_static_graph=True), 45),
+        ("ddp_ro_whole_static", dict(DDP, **RO, ddp_compile="whole", ddp_static_graph=True), 45),
     ]
     for name, overrides, estimate in ddp:
         cases.run(name, n, overrides, estimate)
@@ -50,7 +51,7 @@ def main() -> int:
     device = next((r["device"] for r in cases.records if "device" in r), "?")
     text = table(cases.records, singles, device)
     print("\n" + text, flush=True)
-    traced = [f"runs/gpu/ddp_probe/{c}" for c in ("ddp_ro_split", "ddp_ro_inner")]
+    traced = [f"runs/gpu/ddp_probe/{c}" for c in ("ddp_ro_split", "ddp_ro_whole")]
     traces = summarize_traces(traced, OUT / "traces.txt")
     pack_traces(traced, OUT / "traces.tar.gz")
     print("\nper-rank traces (ms per profiled step; NCCL kernels per step; NCCL time hidden under compute):")

@@ -4,12 +4,13 @@
 # loader=gpu_resident, the workbook CLI (`python -m tutorial_lib train`, under torchrun for DDP):
 #   1 GPU  at batch 256: eager, compile default, compile reduce-overhead; and reduce-overhead at batch 1024
 #          (the four at once, one per GPU, each pinned to its own quarter of the CPUs)
-#   4 GPUs at batch 256 per GPU, DDP: reduce-overhead with ddp_compile=split (today's engine; per-rank traces),
-#          inner (compile the model, then wrap it; rank 0's trace: profile_ranks=0), whole
-#          (torch._dynamo.config.optimize_ddp=False), eager, broadcast_buffers=false, bucket_cap_mb=100,
-#          compile default; inner at batch 1024 per GPU
-# Cases run in that order (most telling first) until the time budget (PROBE_BUDGET s, default 400) would be
-# exceeded; the rest are reported as skipped. About 7 minutes. Writes to $OUT: ddp_probe.json (every case),
+#   4 GPUs at batch 256 per GPU, DDP, compile_mode=reduce-overhead unless named: ddp_compile=split (compile the
+#          DDP module; Dynamo's DDPOptimizer cuts the graph at the buckets: today's engine; every rank's trace),
+#          whole (no cuts: torch._dynamo.config.optimize_ddp=False; rank 0's trace: profile_ranks=0), inner
+#          (compile, then wrap), eager; whole and split at batch 1024 per GPU; split with broadcast_buffers=false,
+#          with bucket_cap_mb=100; split with compile default; whole with static_graph
+# Cases run in that order (most telling first) until the time budget (PROBE_BUDGET s, default 330) would be
+# exceeded; the rest are reported as skipped. About 6 minutes in all. Writes to $OUT: ddp_probe.json (every case),
 # ddp_probe.txt (the table), ddp_probe.log (every run's output), traces.txt (tl.trace_summary of each rank's
 # trace), traces.tar.gz (the traces themselves), 05_ddp_probe.json (img/s and efficiency per case, a
 # tl.reference file for notebook 05: copy it to notebooks/reference/).
