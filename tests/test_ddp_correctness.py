@@ -55,3 +55,14 @@ def test_accumulation_with_no_sync_matches_the_big_batch(tmp_path, single):
     assert_close(ranks[0]["grads"], single["grads"], "DDP, 2 ranks x 2 micro-batches of 2, vs batch 8")
     alone = one_step(tmp_path / "accum", batch=4, accum=2)[0]
     assert_close(alone["grads"], single["grads"], "one process, 2 micro-batches of 4, vs batch 8")
+
+
+def test_a_stop_flag_on_one_rank_reaches_every_rank_at_the_same_vote():
+    """The engine's stop vote (distributed.StopVote) is read one log interval late, so that the GPU never
+    waits for it: rank 1's flag, raised at the third vote, is seen by both ranks at the fourth."""
+    script = str(Path(__file__).parent / "fixtures" / "stop_vote.py")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    expected = "[False, False, False, True, False]"
+    assert f"rank 0 read {expected}" in p.stdout and f"rank 1 read {expected}" in p.stdout, p.stdout

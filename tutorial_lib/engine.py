@@ -147,11 +147,11 @@ class Run:
                 torch._dynamo.config.optimize_ddp = cfg.ddp_compile != "whole"  # DDPOptimizer: cut at buckets
             if cfg.compile and cfg.ddp_compile == "inner":
                 net = torch.compile(net, mode=cfg.compile_mode)
+            off = {} if cfg.ddp_broadcast_buffers else {"broadcast_buffers": False}  # True: DDP's default
             self.ddp = nn.parallel.DistributedDataParallel(
                 net, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 bucket_cap_mb=cfg.ddp_bucket_cap_mb, static_graph=cfg.ddp_static_graph,
-                gradient_as_bucket_view=cfg.ddp_gradient_as_bucket_view,
-                broadcast_buffers=cfg.ddp_broadcast_buffers)
+                gradient_as_bucket_view=cfg.ddp_gradient_as_bucket_view, **off)
             if cfg.compile and cfg.ddp_compile != "inner":
                 return torch.compile(self.ddp, mode=cfg.compile_mode)
             return self.ddp

@@ -142,14 +142,18 @@ class Cases:
 
 
 def hints(text: str) -> list[str]:
-    """The compiler's own remarks worth keeping: skipped CUDA graphs, recompilations, graph breaks."""
-    keep = ("skipping cudagraphs", "recompil", "graph break", "Graph break", "DDPOptimizer", "Error", "error:")
-    seen = []
+    """The compiler's own remarks worth keeping (TORCH_LOGS): skipped CUDA graphs, recompilations and why,
+    why graphs broke; and errors. Each once, without the log prefix."""
+    import re
+
+    keep = ("skipping cudagraphs", "Recompiling function", "guard failure", "Graph Break Reason",
+            "Explanation:", "Error", "error:")
+    seen: list[str] = []
     for raw in text.splitlines():
-        s = raw.strip()
-        if any(k in s for k in keep) and s[:200] not in seen:
-            seen.append(s[:200])
-    return seen[:12]
+        s = re.sub(r"^(\[rank\d+\]:)?[VWI]\d{4} [\d:.]+ \d+ \S+\] (\[[^\]]*\] )*", "", raw).strip()
+        if any(k in s for k in keep) and s[:240] not in seen:
+            seen.append(s[:240])
+    return seen[:16]
 
 
 def line(rec: dict) -> str:
