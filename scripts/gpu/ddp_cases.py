@@ -216,16 +216,17 @@ def summarize_traces(out_dirs: list[str], path: Path) -> list[dict]:
         texts.append(f"== {d}\n{s.side_by_side()}\n\n{s.report(top=12)}")
         counts = nccl_counts(d)
         for t in s:
-            calls, ms = counts.get(t.worker, (0, 0.0))
+            calls, ms, host = counts.get(t.worker, (0, 0.0, 0))
             figures.append({"run": d, "worker": t.worker, "step_ms": t.step_ms, "parts_ms": t.parts_ms,
-                            "nccl_calls_per_step": calls, "nccl_ms_per_step": ms,
+                            "allreduce_calls_per_step": host, "nccl_calls_per_step": calls, "nccl_ms_per_step": ms,
                             "nccl_hidden_ms_per_step": max(0.0, ms - t.parts_ms["comm"])})
     path.write_text("\n\n".join(texts) + "\n")
     return figures
 
 
-def nccl_counts(run_dir: str) -> dict[str, tuple[float, float]]:
-    """worker -> (NCCL kernels per profiled step, their GPU ms per step), from each rank's latest trace."""
+def nccl_counts(run_dir: str) -> dict[str, tuple[float, float, float]]:
+    """worker -> (NCCL kernels per profiled step, their GPU ms per step, c10d::allreduce_ calls per step), from
+    each rank's latest trace."""
     from tutorial_lib import trace_summary
 
     out = {}
@@ -233,7 +234,8 @@ def nccl_counts(run_dir: str) -> dict[str, tuple[float, float]]:
         events = trace_summary.read_trace(files[-1]).get("traceEvents", [])
         steps = sum(1 for e in events if str(e.get("name", "")).startswith("ProfilerStep#")) or 1
         nccl = [e for e in events if e.get("cat") == "kernel" and "nccl" in str(e.get("name", "")).lower()]
-        out[worker] = (len(nccl) / steps, sum(e.get("dur", 0) for e in nccl) / 1000 / steps)
+        host = sum(1 for e in events if e.get("cat") == "cpu_op" and e.get("name") == "c10d::allreduce_")
+        out[worker] = (len(nccl) / steps, sum(e.get("dur", 0) for e in nccl) / 1000 / steps, host / steps)
     return out
 
 

@@ -58,7 +58,8 @@ def main() -> int:
     for t in traces:
         print(f"  {t['run'].split('/')[-1]:14s} {t['worker']:6s} step {t['step_ms']:.2f} ms  "
               + "  ".join(f"{k} {v:.2f}" for k, v in t["parts_ms"].items())
-              + f"  | nccl {t['nccl_calls_per_step']:.0f} calls {t['nccl_ms_per_step']:.2f} ms, "
+              + f"  | all_reduce calls {t['allreduce_calls_per_step']:g}, NCCL kernels {t['nccl_calls_per_step']:g} "
+                f"{t['nccl_ms_per_step']:.2f} ms, "
                 f"hidden {t['nccl_hidden_ms_per_step']:.2f} ms")
     hints = {r["case"]: r["hints"] for r in cases.records if r.get("hints")}
     if hints:

@@ -17,7 +17,7 @@ from tutorial_lib import reference, trace_summary  # noqa: E402
 B = 256  # per GPU, every case unless named
 DDP = dict(parallel="ddp")
 FAST = dict(compile=True, compile_mode="reduce-overhead")  # DDP's fastest set-up (the engine's ddp_compile default)
-TRACE = dict(profile=True, profile_ranks="all", profile_wait=100, profile_active=3, profile_memory=False,
+TRACE = dict(profile=True, profile_ranks="all", profile_wait=100, profile_active=3, profile_memory=False, log_every=1000,
              profile_record_shapes=False)
 FORCE_CUDNN = ("import sys, torch; import tutorial_lib.engine as e; "
                "e.set_cudnn_benchmark = lambda cfg: setattr(torch.backends.cudnn, 'benchmark', True); "
@@ -171,7 +171,8 @@ def report(cases: Cases) -> int:
     except Exception as e:  # no trace (skipped or failed case): the table still stands
         print(f"DataParallel trace: no decomposition ({type(e).__name__}: {e})")
     for t in traces:
-        figures[f"ddp_eager_4gpu_{t['worker']}_nccl_calls_per_step"] = t["nccl_calls_per_step"]
+        figures[f"ddp_eager_4gpu_{t['worker']}_allreduce_calls_per_step"] = t["allreduce_calls_per_step"]
+        figures[f"ddp_eager_4gpu_{t['worker']}_nccl_kernels_per_step"] = t["nccl_calls_per_step"]
         figures[f"ddp_eager_4gpu_{t['worker']}_nccl_ms_per_step"] = round(t["nccl_ms_per_step"], 3)
         figures[f"ddp_eager_4gpu_{t['worker']}_comm_exposed_ms"] = round(t["parts_ms"]["comm"], 3)
         figures[f"ddp_eager_4gpu_{t['worker']}_step_parts_ms"] = {k: round(v, 3) for k, v in t["parts_ms"].items()}
