@@ -1,6 +1,7 @@
 """DDP computes the gradient of the global batch: 2 ranks with batch b each (gloo, CPU) give the gradients, and
-after one SGD step the parameters, of one process with batch 2b; gradient accumulation with no_sync gives them
-too; and the ranks' parameters stay identical.
+after one SGD step the parameters, of one process with batch 2b, with DDP's hooks and with the engine's flat
+all-reduce (ddp_sync); gradient accumulation with no_sync gives them too; and the ranks' parameters stay
+identical.
 
 Why the model runs in eval mode: the equality holds when the loss is a mean of per-sample terms. In training
 mode BatchNorm normalises each sample with its batch's statistics, which couples the samples: rank 0's
@@ -21,11 +22,11 @@ import torch
 HELPER = str(Path(__file__).parent / "fixtures" / "ddp_one_step.py")
 
 
-def one_step(out_dir: Path, batch: int, accum: int = 1, nproc: int = 1) -> list[dict]:
+def one_step(out_dir: Path, batch: int, accum: int = 1, nproc: int = 1, *extra: str) -> list[dict]:
     out_dir.mkdir(parents=True, exist_ok=True)
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, *launcher, HELPER, str(out_dir), str(batch), str(accum)],
+    p = subprocess.run([sys.executable, *launcher, HELPER, str(out_dir), str(batch), str(accum), *extra],
                        capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(nproc)]
@@ -42,8 +43,10 @@ def single(tmp_path_factory):
     return one_step(tmp_path_factory.mktemp("single") / "b8", batch=8)[0]
 
 
-def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(tmp_path, single):
-    ranks = one_step(tmp_path / "ddp", batch=4, nproc=2)
+@pytest.mark.parametrize("sync", ["hooks", "flat"])
+def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(tmp_path, single, sync):
+    """hooks: DDP's bucket all-reduces during the backward pass; flat: one all-reduce after it."""
+    ranks = one_step(tmp_path / "ddp", 4, 1, 2, f"ddp_sync={sync}")
     assert_close(ranks[0]["grads"], single["grads"], "DDP gradients vs one process")
     assert_close(ranks[0]["params"], single["params"], "parameters after one step")
     for name, p in ranks[0]["params"].items():

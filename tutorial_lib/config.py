@@ -84,9 +84,10 @@ SCHEDULES = ("constant", "cosine")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 LOADERS = ("dataloader", "prefetcher", "gpu_resident")
 DDP_COMPILE = ("split", "whole", "inner")
+DDP_SYNC = ("auto", "hooks", "flat")
 CHOICES = {"dataset": DATASETS, "model": MODELS, "precision": PRECISIONS, "parallel": PARALLEL, "device": DEVICES,
            "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "compile_mode": COMPILE_MODES, "loader": LOADERS,
-           "ddp_compile": DDP_COMPILE}
+           "ddp_compile": DDP_COMPILE, "ddp_sync": DDP_SYNC}
 
 
 @dataclass
@@ -121,6 +122,7 @@ class TrainConfig:
     ddp_gradient_as_bucket_view: bool = True  # gradients live in DDP's buckets (no extra copy)
     ddp_broadcast_buffers: bool = True  # copy rank 0's buffers (BatchNorm running stats) to every rank each forward
     ddp_compile: str = "split"  # compile=true with DDP: split (graph cut at buckets), whole (one graph), inner (compile, then wrap; cut)
+    ddp_sync: str = "auto"  # gradient all-reduce: hooks (DDP's buckets, during backward), flat (one, after it), auto (flat with CUDA graphs)
     sync_batchnorm: bool = False  # DDP: BatchNorm statistics over the global batch (SyncBatchNorm; GPUs only)
     grad_accum_steps: int = 1  # micro-batches per optimizer step (DDP all-reduces only on the last: no_sync)
     cudnn_benchmark: bool = True  # let cuDNN time its algorithms for each new input shape
@@ -216,6 +218,14 @@ class TrainConfig:
             raise ConfigError(f"profile_ranks={self.profile_ranks!r} is not 'all' or a comma list of ranks such as "
                               "0 or 0,3")
         return ranks
+
+    def flat_grad_sync(self) -> bool:
+        """ddp_sync=auto: one flat all-reduce after the backward pass when the step runs as CUDA graphs
+        (compile_mode=reduce-overhead), where DDP's per-parameter hooks would cost more host time than the
+        step; DDP's bucket hooks (overlapping the backward pass) otherwise. Notebook 05 measures both."""
+        if self.ddp_sync == "auto":
+            return self.compile and self.compile_mode == "reduce-overhead"
+        return self.ddp_sync == "flat"
 
     def per_device_batch(self, world_size: int) -> int:
         if self.global_batch_size is None:

@@ -140,11 +140,12 @@ class Run:
         cuts (torch._dynamo.config.optimize_ddp=False), one graph, the all-reduces after the backward pass."""
         cfg, env = self.cfg, self.env
         self.ddp = None
+        self.flat_sync = cfg.parallel == "ddp" and cfg.flat_grad_sync()
         if cfg.parallel == "ddp":
             if cfg.sync_batchnorm:
                 net = self.raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(net)
-            if cfg.compile:
-                torch._dynamo.config.optimize_ddp = cfg.ddp_compile != "whole"  # DDPOptimizer: cut at buckets
+            if cfg.compile:  # DDPOptimizer cuts the graph at the buckets, for hooks that overlap the backward pass
+                torch._dynamo.config.optimize_ddp = cfg.ddp_compile != "whole" and not self.flat_sync
             if cfg.compile and cfg.ddp_compile == "inner":
                 net = torch.compile(net, mode=cfg.compile_mode)
             off = {} if cfg.ddp_broadcast_buffers else {"broadcast_buffers": False}  # True: DDP's default
@@ -184,8 +185,8 @@ class Run:
         micro = list(zip(x, y)) if isinstance(x, (list, tuple)) else [(x, y)]
         self.opt.zero_grad(set_to_none=True)
         for i, (xb, yb) in enumerate(micro):
-            last = i == len(micro) - 1
-            with self.ddp.no_sync() if self.ddp is not None and not last else nullcontext():
+            hooks_sync = self.ddp is not None and i == len(micro) - 1 and not self.flat_sync
+            with self.ddp.no_sync() if self.ddp is not None and not hooks_sync else nullcontext():
                 with profiling.nvtx_range("forward", nvtx), autocast(self.cfg, self.device):
                     loss = F.cross_entropy(self.model(xb), yb)
                     if len(micro) > 1:
@@ -193,11 +194,26 @@ class Run:
                 with profiling.nvtx_range("backward", nvtx):
                     self.scaler.scale(loss).backward()
             total = loss.detach() if i == 0 else total + loss.detach()
+        if self.flat_sync:
+            self.sync_gradients()
         with profiling.nvtx_range("optimizer", nvtx):
             self.scaler.step(self.opt)
             self.scaler.update()
             self.sched.step()
         return total
+
+    def sync_gradients(self) -> None:
+        """ddp_sync=flat: average every gradient over the ranks with one all-reduce of one flat buffer, after
+        the backward pass (DDP's hooks are off: the backward ran inside no_sync()). A handful of kernels and
+        little host time, where DDP's hooks copy and scale each parameter's gradient into its bucket."""
+        with profiling.nvtx_range("gradient all-reduce", self.cfg.nvtx):
+            params = [p for p in self.raw_model.parameters() if p.requires_grad]
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            flat = torch.cat([in_memory_order(g) for g in grads])
+            torch.distributed.all_reduce(flat)
+            flat.div_(self.env.world_size)
+            for p, g, part in zip(params, grads, flat.split([g.numel() for g in grads])):
+                p.grad = part.as_strided(g.size(), g.stride())  # the layout it had (channels_last stays)
 
     # ------------------------------------------------------------------ the loop
     def batches(self):
@@ -395,6 +411,13 @@ class Run:
         self.step, self.resumed_from = state["step"], state["step"]
         self.loss_log.values = list(state["losses"])
         log(self.env, f"resuming from step {self.step} of {path} (resume=false starts afresh)")
+
+
+def in_memory_order(t: torch.Tensor) -> torch.Tensor:
+    """The elements of a dense tensor as a 1-D tensor in the order they lie in memory (a view when it can be),
+    so that `as_strided(t.size(), t.stride())` on it rebuilds t's layout."""
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    return t.permute(order).reshape(-1)
 
 
 class LabelledDataParallel(nn.DataParallel):
