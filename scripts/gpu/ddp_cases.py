@@ -125,17 +125,33 @@ class Cases:
             return None
         return self.finish(self.start(case, gpus, overrides, **kw), timeout=min(self.left() + 30, 240))
 
-    def run_together(self, cases: list[tuple[str, int, dict]], estimate_s: float) -> None:
-        """One-GPU cases at the same time, case i on GPU i with its own share of the CPUs."""
+    def run_together(self, cases: list[tuple[str, int, dict]], estimate_s: float, monitor=None) -> list[dict]:
+        """Cases at the same time on disjoint GPUs (in order: the first takes GPUs 0.., the next the ones after),
+        each pinned to its share of the CPUs. `monitor` (started before, stopped here) gives each case the
+        utilisation and memory of its own GPUs."""
         if self.left() < estimate_s:
             for case, gpus, overrides in cases:
-                self.records.append({"case": case, "gpus": gpus, "overrides": overrides, "status": "skipped"})
-            return
-        share = max(1, len(self.cpus) // len(cases))
-        jobs = [self.start(case, gpus, overrides, first_gpu=i, cpus=self.cpus[i * share:(i + 1) * share])
-                for i, (case, gpus, overrides) in enumerate(cases)]
-        for job in jobs:
-            self.finish(job, timeout=min(self.left() + 30, 300))
+                rec = {"case": case, "gpus": gpus, "overrides": overrides,
+                       "status": f"skipped: {self.left():.0f} s of the budget left, needs ~{estimate_s:.0f} s"}
+                print(line(rec), flush=True)
+                self.records.append(rec)
+            if monitor:
+                monitor.stop()
+            return []
+        total = sum(g for _, g, _ in cases)
+        jobs, first = [], 0
+        for case, gpus, overrides in cases:
+            share = len(self.cpus) * gpus // total
+            cpus = self.cpus[len(self.cpus) * first // total:][:max(1, share)]
+            jobs.append((first, self.start(case, gpus, overrides, first_gpu=first, cpus=cpus)))
+            first += gpus
+        recs = [self.finish(job, timeout=min(self.left() + 30, 300)) for _, job in jobs]
+        seen = monitor.stop() if monitor else {}
+        for (first, _), rec in zip(jobs, recs):
+            for key, values in seen.items():
+                if "img_s" in rec and len(values) >= first + rec["gpus"]:
+                    rec[key] = values[first:first + rec["gpus"]]
+        return recs
 
     def get(self, case: str) -> dict:
         return next((r for r in self.records if r["case"] == case), {})
@@ -179,6 +195,7 @@ def table(records: list[dict], singles: dict[int, float], device: str) -> str:
             f"{'eff.':>5s} {'mem MB':>7s} {'wall s':>6s}  status"]
     for r in records:
         b = r["overrides"].get("batch_size", BASE["batch_size"])
+        b = b // r["gpus"] if r["overrides"].get("parallel") == "dp" else b  # DataParallel splits its batch
         if "img_s" in r:
             eff = efficiency(r, singles.get(b))
             mem = f"{r['peak_memory_mb']:,.0f}" if r.get("peak_memory_mb") else "-"
@@ -216,17 +233,18 @@ def summarize_traces(out_dirs: list[str], path: Path) -> list[dict]:
         texts.append(f"== {d}\n{s.side_by_side()}\n\n{s.report(top=12)}")
         counts = nccl_counts(d)
         for t in s:
-            calls, ms, host = counts.get(t.worker, (0, 0.0, 0))
+            calls, ms, host, ops = counts.get(t.worker, (0, 0.0, 0, 0))
             figures.append({"run": d, "worker": t.worker, "step_ms": t.step_ms, "parts_ms": t.parts_ms,
-                            "allreduce_calls_per_step": host, "nccl_calls_per_step": calls, "nccl_ms_per_step": ms,
+                            "allreduce_calls_per_step": host, "host_ops_per_step": ops,
+                            "nccl_calls_per_step": calls, "nccl_ms_per_step": ms,
                             "nccl_hidden_ms_per_step": max(0.0, ms - t.parts_ms["comm"])})
     path.write_text("\n\n".join(texts) + "\n")
     return figures
 
 
-def nccl_counts(run_dir: str) -> dict[str, tuple[float, float, float]]:
-    """worker -> (NCCL kernels per profiled step, their GPU ms per step, c10d::allreduce_ calls per step), from
-    each rank's latest trace."""
+def nccl_counts(run_dir: str) -> dict[str, tuple[float, float, float, float]]:
+    """worker -> (NCCL kernels per profiled step, their GPU ms per step, c10d::allreduce_ calls per step, host
+    operators per step), from each rank's latest trace."""
     from tutorial_lib import trace_summary
 
     out = {}
@@ -235,7 +253,9 @@ def nccl_counts(run_dir: str) -> dict[str, tuple[float, float, float]]:
         steps = sum(1 for e in events if str(e.get("name", "")).startswith("ProfilerStep#")) or 1
         nccl = [e for e in events if e.get("cat") == "kernel" and "nccl" in str(e.get("name", "")).lower()]
         host = sum(1 for e in events if e.get("cat") == "cpu_op" and e.get("name") == "c10d::allreduce_")
-        out[worker] = (len(nccl) / steps, sum(e.get("dur", 0) for e in nccl) / 1000 / steps, host / steps)
+        ops = sum(1 for e in events if e.get("cat") == "cpu_op")  # every operator the host ran (nested too)
+        out[worker] = (len(nccl) / steps, sum(e.get("dur", 0) for e in nccl) / 1000 / steps, host / steps,
+                       ops / steps)
     return out
 
 

@@ -16,7 +16,7 @@ from tutorial_lib import reference, trace_summary  # noqa: E402
 
 B = 256  # per GPU, every case unless named
 DDP = dict(parallel="ddp")
-FAST = dict(compile=True, compile_mode="reduce-overhead")  # DDP's fastest set-up (the engine's ddp_compile default)
+FAST = dict(compile=True, compile_mode="reduce-overhead")  # CUDA graphs; under DDP the engine's ddp_sync=auto: flat
 TRACE = dict(profile=True, profile_ranks="all", profile_wait=100, profile_active=3, profile_memory=False, log_every=1000,
              profile_record_shapes=False)
 FORCE_CUDNN = ("import sys, torch; import tutorial_lib.engine as e; "
@@ -103,41 +103,46 @@ def dp_parts(run_dir: str) -> dict:
 
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
-    budget = float(os.environ.get("BUDGET", 1500 if CPU else 450))
+    budget = float(os.environ.get("BUDGET", 1500 if CPU else 430))
     cases = Cases("dp_vs_ddp", budget, OUT / "dp_vs_ddp.log")
     n4, n2 = (2, 2) if CPU else (4, 2)
     print(f"== 1 GPU, four cases at once (one per GPU); budget {budget:.0f} s", flush=True)
     cases.run_together([("1gpu_eager", 1, {}), ("1gpu_fast", 1, FAST),
                         ("1gpu_fast_b1024", 1, dict(FAST, batch_size=1024, steps=120, timing_warmup=40)),
-                        ("1gpu_eager_b1024", 1, dict(batch_size=1024, steps=120, timing_warmup=40))], estimate_s=60)
-    print(f"== DataParallel and DDP, batch {B} per GPU (DataParallel: batch {B} x GPUs in its one process)")
-    plan = [  # (name, GPUs, overrides, seconds it may take, monitored)
-        ("dp_4gpu", n4, dict(parallel="dp", batch_size=B * n4, steps=150, timing_warmup=30, **TRACE), 40, True),
-        ("ddp_eager_4gpu", n4, dict(DDP, **TRACE), 30, True),
-        ("ddp_fast_4gpu", n4, dict(DDP, **FAST), 55, True),
-        ("ddp_fast_4gpu_b1024", n4, dict(DDP, **FAST, batch_size=1024, steps=120, timing_warmup=40), 50, False),
-        ("dp_2gpu", n2, dict(parallel="dp", batch_size=B * n2, steps=150, timing_warmup=30), 30, True),
-        ("ddp_eager_2gpu", n2, dict(DDP), 25, True),
-        ("ddp_fast_2gpu", n2, dict(DDP, **FAST), 45, False),
-        ("dp_4gpu_cudnn_benchmark", n4, dict(parallel="dp", batch_size=B * n4, steps=150, timing_warmup=30), 30, False),
-        ("knob_bucket_cap_mb=1", n4, dict(DDP, ddp_bucket_cap_mb=1), 25, False),
-        ("knob_bucket_cap_mb=100", n4, dict(DDP, ddp_bucket_cap_mb=100), 25, False),
-        ("knob_broadcast_buffers=false", n4, dict(DDP, ddp_broadcast_buffers=False), 25, False),
-        ("knob_gradient_as_bucket_view=false", n4, dict(DDP, ddp_gradient_as_bucket_view=False), 25, False),
-        ("knob_static_graph=true", n4, dict(DDP, ddp_static_graph=True), 25, False),
-        ("knob_grad_accum_steps=4", n4, dict(DDP, grad_accum_steps=4, steps=100, timing_warmup=20), 25, False),
-        ("knob_sync_batchnorm=true", n4, dict(DDP, sync_batchnorm=True), 25, False),
+                        ("1gpu_eager_b1024", 1, dict(batch_size=1024, steps=120, timing_warmup=40))], estimate_s=50)
+    print(f"== DataParallel and DDP on {n4} GPUs, batch {B} per GPU (DataParallel: batch {B} x GPUs in its one process)")
+    plan = [  # (name, overrides, seconds it may take, monitored); the engine's defaults unless named
+        ("ddp_fast_4gpu", {**DDP, **FAST, **TRACE, "profile_ranks": "0"}, 50, True),
+        ("ddp_fast_4gpu_b1024", dict(DDP, **FAST, batch_size=1024, steps=120, timing_warmup=40), 50, False),
+        ("dp_4gpu", dict(parallel="dp", batch_size=B * n4, steps=150, timing_warmup=30, **TRACE), 40, True),
+        ("ddp_eager_4gpu", dict(DDP, **TRACE), 30, True),
+        ("ddp_before_4gpu", dict(DDP, **FAST, **TRACE, ddp_sync="hooks", ddp_compile="split"), 50, False),
+        ("dp_4gpu_cudnn_benchmark", dict(parallel="dp", batch_size=B * n4, steps=150, timing_warmup=30), 30, False),
     ]
-    for name, gpus, overrides, estimate, watch in plan:
+    for name, overrides, estimate, watch in plan:
         kw = {"runner": ["-c", FORCE_CUDNN]} if name == "dp_4gpu_cudnn_benchmark" else {}
-        if CPU and overrides.get("sync_batchnorm"):
-            cases.records.append({"case": name, "gpus": gpus, "overrides": overrides,
-                                  "status": "skipped: SyncBatchNorm has no CPU kernel"})
-            continue
         if watch:
-            monitored(cases, name, gpus, overrides, estimate, **kw)
+            monitored(cases, name, n4, overrides, estimate, **kw)
         else:
-            cases.run(name, gpus, overrides, estimate, **kw)
+            cases.run(name, n4, overrides, estimate, **kw)
+    print("== on 2 GPUs, two cases at once (GPUs 0-1 and 2-3): DataParallel, DDP, and DDP's knobs (eager)")
+    rounds = [[("dp_2gpu", n2, dict(parallel="dp", batch_size=B * n2, steps=150, timing_warmup=30)),
+               ("ddp_eager_2gpu", n2, dict(DDP))],
+              [("ddp_fast_2gpu", n2, dict(DDP, **FAST)), ("knob_grad_accum_steps=4", n2, dict(DDP, grad_accum_steps=4))],
+              [("knob_sync_batchnorm=true", n2, dict(DDP, sync_batchnorm=True)),
+               ("knob_bucket_cap_mb=1", n2, dict(DDP, ddp_bucket_cap_mb=1))],
+              [("knob_bucket_cap_mb=100", n2, dict(DDP, ddp_bucket_cap_mb=100)),
+               ("knob_broadcast_buffers=false", n2, dict(DDP, ddp_broadcast_buffers=False))],
+              [("knob_gradient_as_bucket_view=false", n2, dict(DDP, ddp_gradient_as_bucket_view=False)),
+               ("knob_static_graph=true", n2, dict(DDP, ddp_static_graph=True))]]
+    for pair in rounds:
+        if CPU:  # SyncBatchNorm has no CPU kernel
+            for name, gpus, overrides in [c for c in pair if c[2].get("sync_batchnorm")]:
+                cases.records.append({"case": name, "gpus": gpus, "overrides": overrides,
+                                      "status": "skipped: SyncBatchNorm has no CPU kernel"})
+            pair = [c for c in pair if not c[2].get("sync_batchnorm")]
+        watch = Monitor(Path(f"runs/gpu/dp_vs_ddp/{pair[0][0]}.smi.csv")) if pair[0][0] == "dp_2gpu" else None
+        cases.run_together(pair, estimate_s=45, monitor=watch)
     return report(cases)
 
 
@@ -145,7 +150,8 @@ def report(cases: Cases) -> int:
     singles = best_singles(cases.records)
     device = next((r["device"] for r in cases.records if "device" in r), "?")
     text = table(cases.records, singles, device)
-    traces = summarize_traces(["runs/gpu/dp_vs_ddp/ddp_eager_4gpu"], OUT / "traces.txt")
+    traces = summarize_traces([f"runs/gpu/dp_vs_ddp/{c}" for c in ("ddp_eager_4gpu", "ddp_before_4gpu", "ddp_fast_4gpu")],
+                              OUT / "traces.txt")
     figures: dict = {"device": device, "batch_per_gpu": B, "best_single_img_s": {str(k): v for k, v in singles.items()}}
     for r in cases.records:
         if "img_s" not in r:
@@ -171,11 +177,13 @@ def report(cases: Cases) -> int:
     except Exception as e:  # no trace (skipped or failed case): the table still stands
         print(f"DataParallel trace: no decomposition ({type(e).__name__}: {e})")
     for t in traces:
-        figures[f"ddp_eager_4gpu_{t['worker']}_allreduce_calls_per_step"] = t["allreduce_calls_per_step"]
-        figures[f"ddp_eager_4gpu_{t['worker']}_nccl_kernels_per_step"] = t["nccl_calls_per_step"]
-        figures[f"ddp_eager_4gpu_{t['worker']}_nccl_ms_per_step"] = round(t["nccl_ms_per_step"], 3)
-        figures[f"ddp_eager_4gpu_{t['worker']}_comm_exposed_ms"] = round(t["parts_ms"]["comm"], 3)
-        figures[f"ddp_eager_4gpu_{t['worker']}_step_parts_ms"] = {k: round(v, 3) for k, v in t["parts_ms"].items()}
+        key = f"{t['run'].split('/')[-1]}_{t['worker']}"
+        figures[f"{key}_allreduce_calls_per_step"] = round(t["allreduce_calls_per_step"], 2)
+        figures[f"{key}_nccl_kernels_per_step"] = round(t["nccl_calls_per_step"], 2)
+        figures[f"{key}_host_ops_per_step"] = round(t["host_ops_per_step"], 1)
+        figures[f"{key}_nccl_ms_per_step"] = round(t["nccl_ms_per_step"], 3)
+        figures[f"{key}_comm_exposed_ms"] = round(t["parts_ms"]["comm"], 3)
+        figures[f"{key}_step_parts_ms"] = {k: round(v, 3) for k, v in t["parts_ms"].items()}
     print("\n" + text)
     print("\nDataParallel's step on 4 GPUs, from its trace (ms per step):",
           json.dumps({k: v for k, v in figures.items() if k.startswith("dp_4gpu_") and "parts" in k or "busy" in k},
