@@ -80,6 +80,25 @@ def all_gather(value, env: DistEnv) -> list:
     return out
 
 
+def average_gradients(params: list, env: DistEnv) -> None:
+    """Average the gradients of `params` over the ranks with one all-reduce of one flat buffer (the engine's
+    ddp_sync=flat): a few kernels and little host time, where DDP's hooks copy and scale each parameter's
+    gradient into its bucket. Each .grad becomes a view of the buffer, in the layout it had."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([in_memory_order(g) for g in grads])
+    dist.all_reduce(flat)
+    flat.div_(env.world_size)
+    for p, g, part in zip(params, grads, flat.split([g.numel() for g in grads])):
+        p.grad = part.as_strided(g.size(), g.stride())  # channels_last stays channels_last
+
+
+def in_memory_order(t: torch.Tensor) -> torch.Tensor:
+    """The elements of a dense tensor as a 1-D tensor in the order they lie in memory (a view when it can be),
+    so that `as_strided(t.size(), t.stride())` on it rebuilds t's layout."""
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    return t.permute(order).reshape(-1)
+
+
 class StopVote:
     """Did any rank see a stop signal (SIGUSR1)? Asked every log interval without stopping the GPU: `.item()`
     right after an all_reduce waits for every kernel queued so far, and the GPU then idles while Python queues

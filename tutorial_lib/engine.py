@@ -161,7 +161,7 @@ class Run:
             if n < 2:
                 log(env, f"note: parallel=dp with {n or 'no'} GPU{'s' if n != 1 else ''} visible: DataParallel has "
                          "nothing to split and runs the model once per step, as parallel=none would")
-            return LabelledDataParallel(net, nvtx=cfg.nvtx)
+            return profiling.LabelledDataParallel(net, nvtx=cfg.nvtx)
         return torch.compile(net, mode=cfg.compile_mode) if cfg.compile else net
 
     def make_optimizer(self) -> torch.optim.Optimizer:
@@ -203,17 +203,9 @@ class Run:
         return total
 
     def sync_gradients(self) -> None:
-        """ddp_sync=flat: average every gradient over the ranks with one all-reduce of one flat buffer, after
-        the backward pass (DDP's hooks are off: the backward ran inside no_sync()). A handful of kernels and
-        little host time, where DDP's hooks copy and scale each parameter's gradient into its bucket."""
+        """ddp_sync=flat: the backward pass ran inside no_sync() (no DDP hooks); average the gradients now."""
         with profiling.nvtx_range("gradient all-reduce", self.cfg.nvtx):
-            params = [p for p in self.raw_model.parameters() if p.requires_grad]
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            flat = torch.cat([in_memory_order(g) for g in grads])
-            torch.distributed.all_reduce(flat)
-            flat.div_(self.env.world_size)
-            for p, g, part in zip(params, grads, flat.split([g.numel() for g in grads])):
-                p.grad = part.as_strided(g.size(), g.stride())  # the layout it had (channels_last stays)
+            distributed.average_gradients([p for p in self.raw_model.parameters() if p.requires_grad], self.env)
 
     # ------------------------------------------------------------------ the loop
     def batches(self):
@@ -411,39 +403,6 @@ class Run:
         self.step, self.resumed_from = state["step"], state["step"]
         self.loss_log.values = list(state["losses"])
         log(self.env, f"resuming from step {self.step} of {path} (resume=false starts afresh)")
-
-
-def in_memory_order(t: torch.Tensor) -> torch.Tensor:
-    """The elements of a dense tensor as a 1-D tensor in the order they lie in memory (a view when it can be),
-    so that `as_strided(t.size(), t.stride())` on it rebuilds t's layout."""
-    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
-    return t.permute(order).reshape(-1)
-
-
-class LabelledDataParallel(nn.DataParallel):
-    """nn.DataParallel with the parts of its forward labelled for the profiler and Nsight: every step it
-    splits the batch over the GPUs (scatter), copies the model to each of them (replicate), runs the copies in
-    one thread each (parallel_apply) and collects their outputs on GPU 0 (gather). Notebook 05 times them."""
-
-    def __init__(self, module: nn.Module, nvtx: bool = False):
-        super().__init__(module)
-        self.nvtx = nvtx
-
-    def scatter(self, inputs, kwargs, device_ids):
-        with profiling.nvtx_range("dp scatter", self.nvtx):
-            return super().scatter(inputs, kwargs, device_ids)
-
-    def replicate(self, module, device_ids):
-        with profiling.nvtx_range("dp replicate", self.nvtx):
-            return super().replicate(module, device_ids)
-
-    def parallel_apply(self, replicas, inputs, kwargs):
-        with profiling.nvtx_range("dp parallel forward", self.nvtx):
-            return super().parallel_apply(replicas, inputs, kwargs)
-
-    def gather(self, outputs, output_device):
-        with profiling.nvtx_range("dp gather", self.nvtx):
-            return super().gather(outputs, output_device)
 
 
 class LossLog:

@@ -131,6 +131,32 @@ def nvtx_range(name: str, enabled: bool):
     return stack
 
 
+class LabelledDataParallel(torch.nn.DataParallel):
+    """nn.DataParallel with the parts of its forward labelled for the profiler and Nsight: every step it
+    splits the batch over the GPUs (scatter), copies the model to each of them (replicate), runs the copies in
+    one thread each (parallel_apply) and collects their outputs on GPU 0 (gather). Notebook 05 times them."""
+
+    def __init__(self, module: torch.nn.Module, nvtx: bool = False):
+        super().__init__(module)
+        self.nvtx = nvtx
+
+    def scatter(self, inputs, kwargs, device_ids):
+        with nvtx_range("dp scatter", self.nvtx):
+            return super().scatter(inputs, kwargs, device_ids)
+
+    def replicate(self, module, device_ids):
+        with nvtx_range("dp replicate", self.nvtx):
+            return super().replicate(module, device_ids)
+
+    def parallel_apply(self, replicas, inputs, kwargs):
+        with nvtx_range("dp parallel forward", self.nvtx):
+            return super().parallel_apply(replicas, inputs, kwargs)
+
+    def gather(self, outputs, output_device):
+        with nvtx_range("dp gather", self.nvtx):
+            return super().gather(outputs, output_device)
+
+
 # ---------------------------------------------------------------------- line_profiler, into the cell
 @dataclass
 class LineReport:
