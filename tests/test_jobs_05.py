@@ -80,7 +80,7 @@ def submitted(tmp_path_factory):
     env = f"--export=ALL,PATH={path},WORKBOOK_IMAGE={image}"
     common = dict(jobs_dir=work / "jobs", show=False, output=f"{work}/logs/%x-%j.out", time="00:10:00")
     specs = {  # as notebook 05 writes them, with CPU sizes
-        "05_ddp": dict(cfg=tiny(work / "ddp", parallel="ddp"), site="local", gpus_per_node=2),
+        "05_ddp": dict(cfg=tiny(work / "ddp", parallel="ddp"), gpus_per_node=2),
         "05_ddp_container": dict(cfg=tiny(work / "container", parallel="ddp"), site="container",
                                  account="your_project", gpus_per_node=2, partition="debug", mem="2G"),
         "05_dp_mnist_line_profile": dict(cfg=tiny(work / "mnist", dataset="mnist", model="mnist_cnn", parallel="dp",
