@@ -351,12 +351,12 @@ def test_scaling_jobs_complete_and_the_ledger_collects_every_point(scaling_jobs,
     for name in ("scaling_1gpu", "scaling_2gpu", "scaling_4gpu"):
         assert finished(scaling_jobs[name], timeout=400) == "COMPLETED", name
     four = scaling_jobs["scaling_4gpu"].results()
-    assert [(r["world_size"], scaling.batch_per_gpu(r), r["config"]["ddp_sync"]) for r in four] == [
+    assert [(r["world_size"], scaling.batch_per_gpu(r), r["config"]["grad_sync"]) for r in four] == [
         (4, 8, True), (4, 2, True), (4, 8, False)]  # weak, strong (global 8), no-sync
     assert len(set(four[0]["param_checksums"])) == 1 and len(set(four[2]["param_checksums"])) == 4
     rows = scaling.ledger(work / "scaling")
     assert len(rows) == 1 + 2 + 3
-    weak = [r for r in rows if scaling.batch_per_gpu(r) == 8 and r["config"]["ddp_sync"]]
+    weak = [r for r in rows if scaling.batch_per_gpu(r) == 8 and r["config"]["grad_sync"]]
     assert [p.gpus for p in scaling.scaling_points(weak, "weak")] == [1, 2, 4]
     strong = [r for r in rows if r["global_batch"] == 8]
     assert [p.batch_per_gpu for p in scaling.scaling_points(strong, "strong")] == [8, 4, 2]

@@ -92,9 +92,11 @@ OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")
 SCHEDULES = ("constant", "cosine")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 LOADERS = ("dataloader", "prefetcher", "gpu_resident")
+DDP_COMPILE = ("split", "whole", "inner")
+DDP_SYNC = ("auto", "hooks", "flat")
 CHOICES = {"dataset": DATASETS, "model": MODELS, "precision": PRECISIONS, "parallel": PARALLEL, "device": DEVICES,
            "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "compile_mode": COMPILE_MODES, "loader": LOADERS,
-           "optimizer_impl": OPTIMIZER_IMPLS}
+           "optimizer_impl": OPTIMIZER_IMPLS, "ddp_compile": DDP_COMPILE, "ddp_sync": DDP_SYNC}
 
 
 @dataclass
@@ -129,7 +131,12 @@ class TrainConfig:
     ddp_bucket_cap_mb: int = 25  # size of DDP's gradient buckets, each all-reduced as one message
     ddp_static_graph: bool = False  # tell DDP the graph never changes (skips per-step bookkeeping)
     ddp_gradient_as_bucket_view: bool = True  # gradients live in DDP's buckets (no extra copy)
-    ddp_sync: bool = True  # false: ranks train apart, no gradient all-reduce (the gap to true is communication)
+    grad_sync: bool = True  # false: ranks train apart, no gradient all-reduce (the gap to true is communication)
+    ddp_broadcast_buffers: bool = True  # copy rank 0's buffers (BatchNorm running stats) to every rank each forward
+    ddp_compile: str = "split"  # compile=true with DDP: split (graph cut at buckets), whole (one graph), inner (compile, then wrap; cut)
+    ddp_sync: str = "auto"  # gradient all-reduce: hooks (DDP's buckets, during backward), flat (one, after it), auto (flat with CUDA graphs)
+    sync_batchnorm: bool = False  # DDP: BatchNorm statistics over the global batch (SyncBatchNorm; GPUs only)
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (DDP all-reduces only on the last: no_sync)
     cudnn_benchmark: bool = True  # let cuDNN time its algorithms for each new input shape
     # input pipeline
     loader: str = "dataloader"  # dataloader | prefetcher (copies on a side CUDA stream) | gpu_resident
@@ -159,6 +166,7 @@ class TrainConfig:
     profile_memory: bool = True  # record allocations (memory view)
     profile_with_stack: bool = False  # record Python stacks (large traces)
     profile_record_shapes: bool = True  # record operator input shapes
+    profile_ranks: str = "all"  # ranks that record traces: all, or a comma list such as 0 or 0,3
     nvtx: bool = False  # NVTX ranges for Nsight Systems (forward, backward, optimizer, ...)
 
     # ------------------------------------------------------------------ validation
@@ -173,7 +181,7 @@ class TrainConfig:
         for name, allowed in CHOICES.items():
             _choice(name, getattr(self, name), allowed)
         for name in ("batch_size", "epochs", "prefetch_factor", "log_every", "ddp_bucket_cap_mb", "dist_timeout_s",
-                     "profile_active", "profile_repeat"):
+                     "grad_accum_steps", "profile_active", "profile_repeat"):
             _positive(name, getattr(self, name))
         for name in ("steps", "global_batch_size", "train_size", "val_size"):
             if getattr(self, name) is not None:
@@ -196,6 +204,7 @@ class TrainConfig:
             raise ConfigError(f"momentum={self.momentum!r} must be in [0, 1) (e.g. 0.9; 0 turns it off)")
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed={self.seed!r} must be in [0, 2**63) (e.g. seed=0)")
+        self.profile_rank_set()
         if self.model == "mnist_cnn" and self.dataset not in ("mnist",):
             raise ConfigError(f"model='mnist_cnn' expects 1x28x28 images but dataset={self.dataset!r}; "
                               "use dataset=mnist, or model=resnet18 for 3x32x32 data")
@@ -219,12 +228,37 @@ class TrainConfig:
         if self.global_batch_size is not None and self.global_batch_size % world_size:
             raise ConfigError(f"global_batch_size={self.global_batch_size} is not divisible by the world size "
                               f"{world_size}; choose a multiple of {world_size} (batch_size is per device)")
+        if self.sync_batchnorm and (self.parallel != "ddp" or device_type != "cuda"):
+            raise ConfigError(f"sync_batchnorm=true needs parallel=ddp on CUDA GPUs (this run: parallel="
+                              f"{self.parallel!r} on {device_type}); SyncBatchNorm has no CPU kernel: use "
+                              "sync_batchnorm=false")
         if self.compile and self.parallel == "dp":
             raise ConfigError("compile=true with parallel='dp' is not supported; use parallel=ddp to compile")
 
     def workers(self) -> int:
         """DataLoader workers of this process: num_workers, or for auto the workbook's rule on its CPUs."""
         return default_workers(usable_cpus()) if self.num_workers == "auto" else self.num_workers
+
+    def profile_rank_set(self) -> set[int] | None:
+        """The ranks that record traces (None: all of them)."""
+        if self.profile_ranks.strip() == "all":
+            return None
+        try:
+            ranks = {int(r) for r in self.profile_ranks.split(",")}
+        except ValueError:
+            ranks = {-1}
+        if min(ranks) < 0:
+            raise ConfigError(f"profile_ranks={self.profile_ranks!r} is not 'all' or a comma list of ranks such as "
+                              "0 or 0,3")
+        return ranks
+
+    def flat_grad_sync(self) -> bool:
+        """ddp_sync=auto: one flat all-reduce after the backward pass when the step runs as CUDA graphs
+        (compile_mode=reduce-overhead), where DDP's per-parameter hooks would cost more host time than the
+        step; DDP's bucket hooks (overlapping the backward pass) otherwise. Notebook 05 measures both."""
+        if self.ddp_sync == "auto":
+            return self.compile and self.compile_mode == "reduce-overhead"
+        return self.ddp_sync == "flat"
 
     def per_device_batch(self, world_size: int) -> int:
         if self.global_batch_size is None:

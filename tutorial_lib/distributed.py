@@ -139,3 +139,55 @@ def barrier(env: DistEnv, name: str = "barrier") -> None:
     if env.distributed:
         with collective(name, env):
             dist.barrier()
+
+
+def average_gradients(params: list, env: DistEnv) -> None:
+    """Average the gradients of `params` over the ranks with one all-reduce of one flat buffer (the engine's
+    ddp_sync=flat): a few kernels and little host time, where DDP's hooks copy and scale each parameter's
+    gradient into its bucket. Each .grad becomes a view of the buffer, in the layout it had."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([in_memory_order(g) for g in grads])
+    dist.all_reduce(flat)
+    flat.div_(env.world_size)
+    for p, g, part in zip(params, grads, flat.split([g.numel() for g in grads])):
+        p.grad = part.as_strided(g.size(), g.stride())  # channels_last stays channels_last
+
+
+def in_memory_order(t: torch.Tensor) -> torch.Tensor:
+    """The elements of a dense tensor as a 1-D tensor in the order they lie in memory (a view when it can be),
+    so that `as_strided(t.size(), t.stride())` on it rebuilds t's layout."""
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    return t.permute(order).reshape(-1)
+
+
+class StopVote:
+    """Did any rank see a stop signal (SIGUSR1)? Asked every log interval without stopping the GPU: `.item()`
+    right after an all_reduce waits for every kernel queued so far, and the GPU then idles while Python queues
+    the next step. So the vote cast at one interval is read at the next (copied to pinned host memory in the
+    meantime): every rank reads the same vote at the same step, and they all stop together, one interval later."""
+
+    def __init__(self, env: DistEnv):
+        self.env, self.pending = env, None
+
+    def poll(self, flag: bool) -> bool:
+        """Cast this rank's `flag`; True when the previous vote found a flag on some rank."""
+        if not self.env.distributed:
+            return flag
+        seen = False
+        if self.pending is not None:
+            host, done = self.pending
+            done.synchronize() if isinstance(done, torch.cuda.Event) else done.wait()
+            seen = bool(host.item())
+        nccl = self.env.backend == "nccl"
+        t = torch.full((1,), int(flag), dtype=torch.int32, device=self.env.device if nccl else "cpu")
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+        if nccl:
+            work.wait()  # with NCCL: the current stream waits for the all-reduce; the host does not
+            host = torch.empty(1, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            self.pending = (host, done)
+        else:
+            self.pending = (t, work)
+        return seen

@@ -12,7 +12,7 @@ import platform
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -98,7 +98,8 @@ class Run:
         self.steps_per_epoch = self.input.steps_per_epoch
         # every input the run needs is opened before its first step: a missing val/ split fails now, not after training
         self.val_input = data.build_input(cfg, "val", env, self.batch_size) if cfg.eval else None
-        self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
+        self.total_steps = cfg.steps or max(1, cfg.epochs * self.steps_per_epoch // cfg.grad_accum_steps)
+        self.images_per_step = self.batch_size * env.world_size * cfg.grad_accum_steps
         check_timed(cfg, self.total_steps, self.steps_per_epoch)
         self.raw_model = models.build(cfg.model, data.num_classes(cfg.dataset)).to(self.device)
         if cfg.channels_last:
@@ -117,22 +118,36 @@ class Run:
         self.val_history: list = []  # [step, training seconds, accuracy] every eval_every steps
 
     def wrap(self, net: nn.Module) -> nn.Module:
+        """The model as the step calls it: DDP or DataParallel around `net`, compiled if asked (notebook 05).
+        Under DDP, Dynamo's DDPOptimizer cuts the compiled graph at the gradient buckets so that each bucket's
+        all-reduce overlaps the rest of the backward pass (ddp_compile=split: compile the DDP module; inner:
+        compile the model, then wrap it -- DDP's forward tells Dynamo, which cuts all the same); whole: no
+        cuts (torch._dynamo.config.optimize_ddp=False), one graph, the all-reduces after the backward pass."""
         cfg, env = self.cfg, self.env
-        model = net
-        if cfg.parallel == "ddp" and cfg.ddp_sync:  # ddp_sync=false: no DDP, ranks train apart (notebook 06)
-            model = nn.parallel.DistributedDataParallel(
+        self.ddp = None
+        self.flat_sync = cfg.parallel == "ddp" and cfg.flat_grad_sync()
+        if cfg.parallel == "ddp" and cfg.grad_sync:  # grad_sync=false: no DDP, ranks train apart (notebook 06)
+            if cfg.sync_batchnorm:
+                net = self.raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+            if cfg.compile:  # DDPOptimizer cuts the graph at the buckets, for hooks that overlap the backward pass
+                torch._dynamo.config.optimize_ddp = cfg.ddp_compile != "whole" and not self.flat_sync
+            if cfg.compile and cfg.ddp_compile == "inner":
+                net = torch.compile(net, mode=cfg.compile_mode)
+            off = {} if cfg.ddp_broadcast_buffers else {"broadcast_buffers": False}  # True: DDP's default
+            self.ddp = nn.parallel.DistributedDataParallel(
                 net, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 bucket_cap_mb=cfg.ddp_bucket_cap_mb, static_graph=cfg.ddp_static_graph,
-                gradient_as_bucket_view=cfg.ddp_gradient_as_bucket_view)
-        elif cfg.parallel == "dp":
+                gradient_as_bucket_view=cfg.ddp_gradient_as_bucket_view, **off)
+            if cfg.compile and cfg.ddp_compile != "inner":
+                return torch.compile(self.ddp, mode=cfg.compile_mode)
+            return self.ddp
+        if cfg.parallel == "dp":
             n = torch.cuda.device_count() if self.device.type == "cuda" else 0
             if n < 2:
                 log(env, f"note: parallel=dp with {n or 'no'} GPU{'s' if n != 1 else ''} visible: DataParallel has "
                          "nothing to split and runs the model once per step, as parallel=none would")
-            model = nn.DataParallel(net)
-        if cfg.compile:
-            model = torch.compile(model, mode=cfg.compile_mode)
-        return model
+            return profiling.LabelledDataParallel(net, nvtx=cfg.nvtx)
+        return torch.compile(net, mode=cfg.compile_mode) if cfg.compile else net
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         """optimizer_impl picks torch.optim's implementation: fused (one kernel updates every parameter),
@@ -157,25 +172,42 @@ class Run:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, y.to(self.device, non_blocking=True)
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def train_step(self, x, y) -> torch.Tensor:
+        """One optimizer step on a batch, or on lists of grad_accum_steps micro-batches (gradients add up;
+        under DDP only the last micro-batch's backward all-reduces, the others run inside no_sync())."""
         nvtx = self.cfg.nvtx
-        with profiling.nvtx_range("forward", nvtx), autocast(self.cfg, self.device):
-            loss = F.cross_entropy(self.model(x), y)
+        micro = list(zip(x, y)) if isinstance(x, (list, tuple)) else [(x, y)]
         self.opt.zero_grad(set_to_none=True)
-        with profiling.nvtx_range("backward", nvtx):
-            self.scaler.scale(loss).backward()
+        total = None
+        for i, (xb, yb) in enumerate(micro):
+            hooks_sync = self.ddp is not None and i == len(micro) - 1 and not self.flat_sync
+            with self.ddp.no_sync() if self.ddp is not None and not hooks_sync else nullcontext():
+                with profiling.nvtx_range("forward", nvtx), autocast(self.cfg, self.device):
+                    loss = F.cross_entropy(self.model(xb), yb)
+                    if len(micro) > 1:
+                        loss = loss / len(micro)
+                with profiling.nvtx_range("backward", nvtx):
+                    self.scaler.scale(loss).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        if self.flat_sync:
+            self.sync_gradients()
         with profiling.nvtx_range("optimizer", nvtx):
             scale = self.skipped.scale_before(self.scaler)
             self.scaler.step(self.opt)  # fp16: skipped when a gradient overflowed (inf/NaN), else opt.step()
             self.scaler.update()  # fp16: halve the scale after an overflow, grow it after 2000 clean steps
             self.skipped.after_update(self.scaler, scale)
             self.sched.step()
-        return loss.detach()
+        return total
+
+    def sync_gradients(self) -> None:
+        """ddp_sync=flat: the backward pass ran inside no_sync() (no DDP hooks); average the gradients now."""
+        with profiling.nvtx_range("gradient all-reduce", self.cfg.nvtx):
+            distributed.average_gradients([p for p in self.raw_model.parameters() if p.requires_grad], self.env)
 
     # ------------------------------------------------------------------ the loop
     def batches(self):
         """(x, y) on the device forever, epoch after epoch, starting where self.step says (resume)."""
-        epoch, start = divmod(self.step, self.steps_per_epoch)
+        epoch, start = divmod(self.step * self.cfg.grad_accum_steps, self.steps_per_epoch)
         while True:
             for x, y in self.input.epoch(epoch, start):
                 with profiling.nvtx_range("h2d copy", self.cfg.nvtx):
@@ -220,6 +252,7 @@ class Run:
 
         def report(wait: bool = False) -> None:
             self.report_losses(self.loss_log.ready(wait), writer, first_step, progress)
+        vote = distributed.StopVote(env)  # the stop check of each log interval, read one interval later: no sync
         try:
             self.check_stop()  # a signal during set-up
             with profiling.profiler(cfg, env) as prof:
@@ -229,7 +262,7 @@ class Run:
                 while self.step < self.total_steps:
                     with profiling.nvtx_range("data wait", cfg.nvtx):
                         t0 = time.perf_counter()
-                        x, y = next(batches)
+                        x, y = self.next_batch(batches)
                         clock.data_wait(time.perf_counter() - t0)
                     self.loss_log.add(self.train_step(x, y))
                     self.step += 1
@@ -241,7 +274,8 @@ class Run:
                     if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                         self.loss_log.ship(self.step)
                         report()
-                        self.check_stop()
+                        if vote.poll(self.stop_requested):
+                            raise Preempted
                     elif not env.distributed and self.stop_requested:
                         raise Preempted
                     if cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
@@ -269,6 +303,13 @@ class Run:
         if distributed.any_rank(self.stop_requested, self.env):
             raise Preempted
 
+    def next_batch(self, batches):
+        """The next step's input: one batch, or lists of grad_accum_steps micro-batches."""
+        if self.cfg.grad_accum_steps == 1:
+            return next(batches)
+        xs, ys = zip(*(next(batches) for _ in range(self.cfg.grad_accum_steps)))
+        return list(xs), list(ys)
+
     @property
     def losses(self) -> list[float]:
         return self.loss_log.values
@@ -287,7 +328,7 @@ class Run:
                 writer.add_scalar("train/lr", self.sched.get_last_lr()[0], step)
                 rate = self.clock.rate(step - first_step, len(values))
                 if rate:
-                    writer.add_scalar("perf/img_per_s", rate * self.batch_size * self.env.world_size, step)
+                    writer.add_scalar("perf/img_per_s", rate * self.images_per_step, step)
                 if self.device.type == "cuda":
                     writer.add_scalar("perf/memory_mb", torch.cuda.max_memory_allocated(self.device) / 2**20, step)
 
@@ -305,7 +346,7 @@ class Run:
 
     def finish(self, clock: StepClock, wall: float) -> Result:
         cfg, env = self.cfg, self.env
-        timing = timing_fields(clock, self.batch_size, env)
+        timing = timing_fields(clock, self.batch_size * cfg.grad_accum_steps, env)  # images per rank and step
         last = self.val_history[-1] if self.val_history else None
         accuracy = last[2] if last and last[0] == self.step else self.evaluate() if cfg.eval else None
         self.check_stop()  # a signal during the evaluation: the checkpoint holds the last step
@@ -313,7 +354,7 @@ class Run:
         flops = models.flops_per_image(cfg.model, data.num_classes(cfg.dataset), (channels, size, size))
         result = Result(
             config=cfg.to_dict(), device=device_name(self.device), world_size=env.world_size, steps=self.step,
-            global_batch=self.batch_size * env.world_size, **timing,
+            global_batch=self.images_per_step, **timing,
             loss=self.losses, final_loss=self.losses[-1] if self.losses else float("nan"), val_accuracy=accuracy,
             peak_memory_mb=torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None,
             param_checksums=distributed.all_gather(models.param_checksum(self.raw_model), env),

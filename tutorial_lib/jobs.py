@@ -85,8 +85,9 @@ def resources(**values: Any) -> Resources:
     return Resources(**values)
 
 
-def resolve(r: Resources, site: Site) -> Resources:
-    """Check every field against the site and fill in the site's defaults; errors name the field and the fix."""
+def resolve(r: Resources, site: Site, one_process: bool = False) -> Resources:
+    """Check every field against the site and fill in the site's defaults; errors name the field and the fix.
+    one_process: the program drives every GPU of its node from one process (DataParallel)."""
     r = replace(r, partition=r.partition if r.partition is not None else site.partition,
                 account=r.account if r.account is not None else site.account,
                 qos=r.qos if r.qos is not None else site.qos,
@@ -114,7 +115,7 @@ def resolve(r: Resources, site: Site) -> Resources:
         raise UserError(f"requeue={r.requeue!r}: give the seconds before the time limit ({r.time}, {seconds} s) "
                         "at which to checkpoint and requeue, at least 10 and less than the time limit, e.g. "
                         "requeue=300 for a job of a few hours")
-    return replace(r, mode=_mode(r), job_name=check_name("job_name", r.job_name) if r.job_name else None)
+    return replace(r, mode=_mode(r, one_process), job_name=check_name("job_name", r.job_name) if r.job_name else None)
 
 
 def _check_counts(r: Resources, site: Site) -> None:
@@ -133,13 +134,14 @@ def _check_counts(r: Resources, site: Site) -> None:
         raise UserError(f"mode={r.mode!r} is not one of {', '.join(MODES)}")
 
 
-def _mode(r: Resources) -> str:
+def _mode(r: Resources, one_process: bool = False) -> str:
     mode = r.mode
     if mode == "auto":
-        mode = "multinode" if r.nodes > 1 else "torchrun" if r.gpus_per_node > 1 else "single"
-    if mode == "single" and (r.nodes > 1 or r.gpus_per_node > 1):
+        mode = "multinode" if r.nodes > 1 else "torchrun" if r.gpus_per_node > 1 and not one_process else "single"
+    if mode == "single" and (r.nodes > 1 or (r.gpus_per_node > 1 and not one_process)):
         raise UserError(f"mode='single' runs one process, but nodes={r.nodes} gpus_per_node={r.gpus_per_node}; "
-                        "use mode=torchrun (one node), multinode or srun for several GPUs")
+                        "use mode=torchrun (one node), multinode or srun for several GPUs (or parallel=dp: "
+                        "DataParallel drives the GPUs of one node from one process)")
     if mode == "torchrun" and r.nodes > 1:
         raise UserError(f"mode='torchrun' runs on one node, but nodes={r.nodes}; use mode=multinode or srun")
     if mode in ("torchrun", "multinode", "srun") and r.gpus_per_node < 1:
@@ -252,7 +254,7 @@ def render(name: str, cfg: TrainConfig | None = None, *, site: str | None = None
     if sweep and cfg is None:
         raise UserError("sweep varies TrainConfig fields; for a command use array=0-N and $SLURM_ARRAY_TASK_ID")
     profile = load_site(site)
-    r = resolve(resources(**resource_values), profile)
+    r = resolve(resources(**resource_values), profile, one_process=cfg is not None and cfg.parallel == "dp")
     points = sweep_points(sweep)
     if points and r.array is not None:
         raise UserError(f"array={r.array!r} and a sweep both set the array; leave array out (the sweep sets it)")

@@ -39,7 +39,8 @@ def activities(device: torch.device | str) -> list:
 
 @contextmanager
 def profiler(cfg, env):
-    """A torch.profiler.profile configured from cfg (profile=true), one gzipped trace per rank;
+    """A torch.profiler.profile configured from cfg (profile=true), one gzipped trace per rank (or only on the
+    ranks in profile_ranks: one rank's trace is usually enough, and the others then run unslowed);
     otherwise an object whose step() does nothing.
 
     The schedule skips `profile_wait` steps, warms up for `profile_warmup` (recorded, then thrown away: the
@@ -47,7 +48,8 @@ def profiler(cfg, env):
     `profile_repeat` times; each cycle writes one file, rank<N>.<timestamp>.pt.trace.json.gz.
     (Notebook 02 teaches it.)
     """
-    if not cfg.profile:
+    ranks = cfg.profile_rank_set()
+    if not cfg.profile or (ranks is not None and env.rank not in ranks):
         yield _NoProfiler()
         return
     needed = cfg.profile_wait + cfg.profile_warmup + cfg.profile_active
@@ -136,6 +138,32 @@ def nvtx_range(name: str, enabled: bool):
     if _profiler_recording():
         stack.enter_context(torch.profiler.record_function(name))
     return stack
+
+
+class LabelledDataParallel(torch.nn.DataParallel):
+    """nn.DataParallel with the parts of its forward labelled for the profiler and Nsight: every step it
+    splits the batch over the GPUs (scatter), copies the model to each of them (replicate), runs the copies in
+    one thread each (parallel_apply) and collects their outputs on GPU 0 (gather). Notebook 05 times them."""
+
+    def __init__(self, module: torch.nn.Module, nvtx: bool = False):
+        super().__init__(module)
+        self.nvtx = nvtx
+
+    def scatter(self, inputs, kwargs, device_ids):
+        with nvtx_range("dp scatter", self.nvtx):
+            return super().scatter(inputs, kwargs, device_ids)
+
+    def replicate(self, module, device_ids):
+        with nvtx_range("dp replicate", self.nvtx):
+            return super().replicate(module, device_ids)
+
+    def parallel_apply(self, replicas, inputs, kwargs):
+        with nvtx_range("dp parallel forward", self.nvtx):
+            return super().parallel_apply(replicas, inputs, kwargs)
+
+    def gather(self, outputs, output_device):
+        with nvtx_range("dp gather", self.nvtx):
+            return super().gather(outputs, output_device)
 
 
 # ---------------------------------------------------------------------- line_profiler, into the cell

@@ -30,7 +30,7 @@ LR_RULES = ("none", "linear", "sqrt")
 # What a run and its baseline must share: everything that changes the work of one GPU in one step.
 HELD_FIXED = ("dataset", "model", "optimizer", "precision", "channels_last", "compile", "compile_mode", "loader",
               "augment", "num_workers", "pin_memory", "cudnn_benchmark", "train_size")
-LEDGER_COLUMNS = ("run", "device", "gpus", "batch_per_gpu", "global_batch", "precision", "ddp_sync",
+LEDGER_COLUMNS = ("run", "device", "gpus", "batch_per_gpu", "global_batch", "precision", "grad_sync",
                   "throughput_img_s", "step_ms", "val_accuracy", "steps", "lr", "warmup_steps", "seconds")
 
 
@@ -185,7 +185,7 @@ def write_jobs(cfg: TrainConfig, gpus=(1, 2, 4), nodes: int = 2, prefix: str = "
                out: str = "runs/06_scaling", **write_kw) -> list[Path]:
     """The scaling study as Slurm jobs, one per GPU count n (a job can't change its GPUs per task): an array
     whose tasks are the weak point (batch cfg.batch_size per GPU), the strong point (the same global batch
-    split n ways) and, at the largest n, the weak point without gradient all-reduce (ddp_sync=false); then
+    split n ways) and, at the largest n, the weak point without gradient all-reduce (grad_sync=false); then
     the weak point on `nodes` nodes. Each task writes <out>/<n>gpu/<point>/result.json: `ledger(out)`
     collects them. write_kw go to tl.jobs.write (site, time, jobs_dir, show, ...)."""
     from . import jobs
@@ -198,7 +198,7 @@ def write_jobs(cfg: TrainConfig, gpus=(1, 2, 4), nodes: int = 2, prefix: str = "
                 raise UserError(f"batch_size={b} does not split over {n} GPUs for the strong point; choose a "
                                 f"multiple of {math.lcm(*counts)}")
             sweep = [{"batch_size": b}, {"batch_size": b // n}]
-            sweep += [{"batch_size": b, "ddp_sync": False}] if n == counts[-1] else []
+            sweep += [{"batch_size": b, "grad_sync": False}] if n == counts[-1] else []
         paths.append(jobs.write(f"{prefix}_scaling_{n}gpu", cfg.replace(
             parallel="ddp" if n > 1 else "none", out_dir=f"{out}/{n}gpu"), gpus_per_node=n, sweep=sweep,
             description=f"notebook 06: scaling on {n} GPU(s): " + ("the single-GPU baseline" if n == 1 else
@@ -245,7 +245,7 @@ def ledger_row(r: dict) -> dict:
     c = r["config"]
     return {"run": r.get("run", c["out_dir"]), "device": r["device"], "gpus": r["world_size"],
             "batch_per_gpu": batch_per_gpu(r), "global_batch": r["global_batch"], "precision": c["precision"],
-            "ddp_sync": c.get("ddp_sync", True), "throughput_img_s": round(r["throughput_img_s"], 1),
+            "grad_sync": c.get("grad_sync", True), "throughput_img_s": round(r["throughput_img_s"], 1),
             "step_ms": _round(r["step_time_ms"]["median"], 2), "val_accuracy": r["val_accuracy"],
             "steps": r["steps"], "lr": c["lr"], "warmup_steps": c["warmup_steps"],
             "seconds": round(r["wall_time_s"], 1)}

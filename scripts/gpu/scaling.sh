@@ -2,7 +2,7 @@
 # Notebook 06 on one 4-GPU node (run from the repo root; $OUT collects the outputs). CIFAR-stem ResNet-18 in
 # bf16 + channels_last with loader=gpu_resident, eager (no compile: each launch would pay its compile time):
 #   1. weak scaling 1/2/4 GPUs at batch 1024 per GPU (the bench: IO / SYNTHETIC / FULL on every rank)
-#   2. the same 4-GPU run without gradient all-reduce (ddp_sync=false): the gap is the communication
+#   2. the same 4-GPU run without gradient all-reduce (grad_sync=false): the gap is the communication
 #   3. time to a target validation accuracy on shapes_hard: 1 GPU, then 4 GPUs with the learning rate scaled
 #      linearly, by the square root, and not at all (AdamW, warm-up over the same number of images)
 #   4. notebook 01's baseline (configs/baseline.yaml, fp32, batch 256, DataLoader) on one GPU: img/s and its
@@ -110,7 +110,7 @@ def weak_scaling():  # 1. the bench on every rank, at the recommended batch per 
 
 
 def nosync():  # 2. the same N-GPU run without gradient all-reduce: the gap is the communication
-    r = run(f"nosync_b{B}_{N}gpu", base.replace(ddp_sync=False), N)
+    r = run(f"nosync_b{B}_{N}gpu", base.replace(grad_sync=False), N)
     figures[f"nosync_{N}gpu_img_s"] = round(r["throughput_img_s"])
     figures[f"nosync_{N}gpu_efficiency"] = round(r["throughput_img_s"] / (N * weak[1]["throughput_img_s"]), 3)
     figures["communication_share"] = round(1 - weak[N]["throughput_img_s"] / r["throughput_img_s"], 3)
@@ -156,7 +156,7 @@ def small_batch():  # 6. a small batch per GPU: weak scaling and no-sync
     figures[f"weak_b{B_SMALL}_1gpu_img_s"], figures[f"weak_b{B_SMALL}_{N}gpu_img_s"] = (
         round(one["throughput_img_s"]), round(many["throughput_img_s"]))
     figures[f"weak_b{B_SMALL}_{N}gpu_efficiency"] = round(scaling.efficiency(many, one).efficiency, 3)
-    ns = run(f"nosync_b{B_SMALL}_{N}gpu", small.replace(ddp_sync=False), N)
+    ns = run(f"nosync_b{B_SMALL}_{N}gpu", small.replace(grad_sync=False), N)
     figures[f"nosync_b{B_SMALL}_{N}gpu_img_s"] = round(ns["throughput_img_s"])
     figures[f"nosync_b{B_SMALL}_{N}gpu_efficiency"] = round(ns["throughput_img_s"] / (N * one["throughput_img_s"]), 3)
 

@@ -1,0 +1,88 @@
+"""The driver of scripts/gpu/ddp_probe.sh (read its header): DDP at batch 256 per GPU with torch.compile,
+case by case, against the best single-GPU run; per-rank traces of today's engine and of compiling before
+wrapping; a table, JSON and trace summaries in $OUT."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ddp_cases import CPU, OUT, Cases, best_singles, efficiency, pack_traces, summarize_traces, table  # noqa: E402
+
+from tutorial_lib import reference  # noqa: E402
+
+RO = dict(compile=True, compile_mode="reduce-overhead")
+DDP = dict(parallel="ddp")
+TRACE_ALL = dict(profile=True, profile_ranks="all", profile_wait=150, profile_active=3, profile_memory=False,
+                 profile_record_shapes=False)
+TRACE_RANK0 = {**TRACE_ALL, "profile_ranks": "0"}
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    budget = float(os.environ.get("PROBE_BUDGET", 1200 if CPU else 330))
+    cases = Cases("ddp_probe", budget, OUT / "ddp_probe.log")
+    n = 2 if CPU else 4
+    print(f"== 1 GPU, four cases at once (one per GPU); budget {budget:.0f} s", flush=True)
+    cases.run_together([("1gpu_eager_b256", 1, {}),
+                        ("1gpu_default_b256", 1, dict(compile=True)),
+                        ("1gpu_reduce-overhead_b256", 1, RO),
+                        ("1gpu_reduce-overhead_b1024", 1, dict(RO, batch_size=1024, steps=120, timing_warmup=40))],
+                       estimate_s=60)
+    print(f"== DDP on {n} GPUs, batch 256 per GPU unless named", flush=True)
+    ddp = [  # name, overrides, seconds it may take (compilation included)
+        ("ddp_ro_split", dict(DDP, **RO, ddp_compile="split", **TRACE_ALL), 75),
+        ("ddp_ro_whole", dict(DDP, **RO, ddp_compile="whole", **TRACE_RANK0), 60),
+        ("ddp_ro_inner", dict(DDP, **RO, ddp_compile="inner"), 55),
+        ("ddp_eager", dict(DDP), 25),
+        ("ddp_ro_whole_b1024", dict(DDP, **RO, ddp_compile="whole", batch_size=1024, steps=120, timing_warmup=40), 55),
+        ("ddp_ro_split_b1024", dict(DDP, **RO, ddp_compile="split", batch_size=1024, steps=120, timing_warmup=40), 55),
+        ("ddp_ro_split_no_broadcast", dict(DDP, **RO, ddp_compile="split", ddp_broadcast_buffers=False), 45),
+        ("ddp_ro_split_bucket100", dict(DDP, **RO, ddp_compile="split", ddp_bucket_cap_mb=100), 45),
+        ("ddp_default_split", dict(DDP, compile=True, ddp_compile="split"), 55),
+        ("ddp_ro_whole_static", dict(DDP, **RO, ddp_compile="whole", ddp_static_graph=True), 45),
+    ]
+    for name, overrides, estimate in ddp:
+        cases.run(name, n, overrides, estimate)
+
+    singles = best_singles(cases.records)
+    device = next((r["device"] for r in cases.records if "device" in r), "?")
+    text = table(cases.records, singles, device)
+    print("\n" + text, flush=True)
+    traced = [f"runs/gpu/ddp_probe/{c}" for c in ("ddp_ro_split", "ddp_ro_whole")]
+    traces = summarize_traces(traced, OUT / "traces.txt")
+    pack_traces(traced, OUT / "traces.tar.gz")
+    print("\nper-rank traces (ms per profiled step; NCCL kernels per step; NCCL time hidden under compute):")
+    for t in traces:
+        print(f"  {t['run'].split('/')[-1]:14s} {t['worker']:6s} step {t['step_ms']:.2f} ms  "
+              + "  ".join(f"{k} {v:.2f}" for k, v in t["parts_ms"].items())
+              + f"  | all_reduce calls {t['allreduce_calls_per_step']:g}, NCCL kernels {t['nccl_calls_per_step']:g} "
+                f"{t['nccl_ms_per_step']:.2f} ms, "
+                f"hidden {t['nccl_hidden_ms_per_step']:.2f} ms")
+    hints = {r["case"]: r["hints"] for r in cases.records if r.get("hints")}
+    if hints:
+        print("\ncompiler remarks (TORCH_LOGS=perf_hints,recompiles,graph_breaks), first lines per case:")
+        for case, lines in hints.items():
+            print(f"  {case}: " + "\n    ".join(lines[:4]))
+    (OUT / "ddp_probe.txt").write_text(text + "\n")
+    (OUT / "ddp_probe.json").write_text(json.dumps(
+        {"cpu_mode": CPU, "device": device, "best_single_img_s": singles, "cases": cases.records,
+         "traces": traces}, indent=1, default=str) + "\n")
+    figures = {"device": device}
+    for r in cases.records:
+        if "img_s" in r:
+            figures[f"{r['case']}_img_s"] = round(r["img_s"], 1)
+            eff = efficiency(r, singles.get(r["overrides"].get("batch_size", 256)))
+            if r["gpus"] > 1 and eff is not None:
+                figures[f"{r['case']}_efficiency"] = round(eff, 3)
+    # notebook 05 shows these (copy $OUT/05_ddp_probe.json to notebooks/reference/)
+    reference.write("05_ddp_probe", figures, script="scripts/gpu/ddp_probe.sh" + (" (CPU test mode)" if CPU else ""),
+                    folder=OUT, **(dict(card="CPU", gpus=0, torch_version="cpu-test") if CPU else {}))
+    print(f"\nwrote {', '.join(sorted(p.name for p in OUT.iterdir()))} to {OUT}")
+    return 0 if any("img_s" in r for r in cases.records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

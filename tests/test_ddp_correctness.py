@@ -1,0 +1,71 @@
+"""DDP computes the gradient of the global batch: 2 ranks with batch b each (gloo, CPU) give the gradients, and
+after one SGD step the parameters, of one process with batch 2b, with DDP's hooks and with the engine's flat
+all-reduce (ddp_sync); gradient accumulation with no_sync gives them too; and the ranks' parameters stay
+identical.
+
+Why the model runs in eval mode: the equality holds when the loss is a mean of per-sample terms. In training
+mode BatchNorm normalises each sample with its batch's statistics, which couples the samples: rank 0's
+statistics over its b samples are not those of the 2b samples the single process sees (SyncBatchNorm computes
+them over the global batch, on GPUs only). In eval mode BatchNorm uses its running statistics, every sample is on
+its own, and ResNet-18 has no dropout, so the comparison is exact up to float summation order. The samples match
+because DistributedSampler gives rank r the indices r, r+2, r+4, ... of the same shuffled order, and the random
+crops are drawn per sample index.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HELPER = str(Path(__file__).parent / "fixtures" / "ddp_one_step.py")
+
+
+def one_step(out_dir: Path, batch: int, accum: int = 1, nproc: int = 1, *extra: str) -> list[dict]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, *launcher, HELPER, str(out_dir), str(batch), str(accum), *extra],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return [torch.load(out_dir / f"rank{r}.pt") for r in range(nproc)]
+
+
+def assert_close(a: dict, b: dict, what: str) -> None:
+    assert a.keys() == b.keys()
+    worst = max((a[k] - b[k]).abs().max().item() / (b[k].abs().max().item() + 1e-12) for k in a)
+    assert worst < 1e-4, f"{what}: largest relative difference {worst:.2e}"
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    return one_step(tmp_path_factory.mktemp("single") / "b8", batch=8)[0]
+
+
+@pytest.mark.parametrize("sync", ["hooks", "flat"])
+def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(tmp_path, single, sync):
+    """hooks: DDP's bucket all-reduces during the backward pass; flat: one all-reduce after it."""
+    ranks = one_step(tmp_path / "ddp", 4, 1, 2, f"ddp_sync={sync}")
+    assert_close(ranks[0]["grads"], single["grads"], "DDP gradients vs one process")
+    assert_close(ranks[0]["params"], single["params"], "parameters after one step")
+    for name, p in ranks[0]["params"].items():
+        assert torch.equal(p, ranks[1]["params"][name]), f"{name} differs between the ranks"
+
+
+def test_accumulation_with_no_sync_matches_the_big_batch(tmp_path, single):
+    ranks = one_step(tmp_path / "ddp_accum", batch=2, accum=2, nproc=2)
+    assert_close(ranks[0]["grads"], single["grads"], "DDP, 2 ranks x 2 micro-batches of 2, vs batch 8")
+    alone = one_step(tmp_path / "accum", batch=4, accum=2)[0]
+    assert_close(alone["grads"], single["grads"], "one process, 2 micro-batches of 4, vs batch 8")
+
+
+def test_a_stop_flag_on_one_rank_reaches_every_rank_at_the_same_vote():
+    """The engine's stop vote (distributed.StopVote) is read one log interval late, so that the GPU never
+    waits for it: rank 1's flag, raised at the third vote, is seen by both ranks at the fourth."""
+    script = str(Path(__file__).parent / "fixtures" / "stop_vote.py")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    expected = "[False, False, False, True, False]"
+    assert f"rank 0 read {expected}" in p.stdout and f"rank 1 read {expected}" in p.stdout, p.stdout
