@@ -116,5 +116,5 @@ def test_dataparallel_mnist_job_prints_the_line_profile(submitted):
     job = submitted["05_dp_mnist_line_profile"]
     assert finished(job) == "COMPLETED"
     log = job.log(400)
-    assert "def train_step" in log and "self.model(xb)" in log
+    assert "def train_step" in log and "self.model(x)" in log
     assert job.result()["config"]["parallel"] == "dp"

@@ -179,11 +179,11 @@ class Run:
         micro = list(zip(x, y)) if isinstance(x, (list, tuple)) else [(x, y)]
         self.opt.zero_grad(set_to_none=True)
         total = None
-        for i, (xb, yb) in enumerate(micro):
+        for i, (x, y) in enumerate(micro):  # one micro-batch at a time
             hooks_sync = self.ddp is not None and i == len(micro) - 1 and not self.flat_sync
             with self.ddp.no_sync() if self.ddp is not None and not hooks_sync else nullcontext():
                 with profiling.nvtx_range("forward", nvtx), autocast(self.cfg, self.device):
-                    loss = F.cross_entropy(self.model(xb), yb)
+                    loss = F.cross_entropy(self.model(x), y)
                     if len(micro) > 1:
                         loss = loss / len(micro)
                 with profiling.nvtx_range("backward", nvtx):
