@@ -75,7 +75,7 @@ def dp_parts(run_dir: str) -> dict:
         for label, part in DP_LABELS:
             if e["name"] == label and ((e["pid"], e["tid"]) == main or label == "ReduceAddCoalesced"):
                 by_label.setdefault(part, []).append((e["ts"], e["ts"] + e["dur"]))
-    ordered = [(part, trace_summary.union(by_label.get(part, []))) for _, part in DP_LABELS]
+    ordered = [(part, intervals.union(by_label.get(part, []))) for _, part in DP_LABELS]
     kernels: dict[str, list] = {}
     for e in spans:
         if e.get("cat") == "kernel":
@@ -88,13 +88,13 @@ def dp_parts(run_dir: str) -> dict:
         total += s["dur"]
         taken: list = []
         for part, merged in ordered:
-            new = trace_summary.subtract(trace_summary.clip(merged, *window), taken)
-            parts[part] = parts.get(part, 0.0) + trace_summary.length(new)
-            taken = trace_summary.union(taken + new)
-        parts["other (Python, logging)"] = parts.get("other (Python, logging)", 0.0) + trace_summary.length(
-            trace_summary.subtract([window], taken))
+            new = intervals.subtract(intervals.clip(merged, *window), taken)
+            parts[part] = parts.get(part, 0.0) + intervals.length(new)
+            taken = intervals.union(taken + new)
+        parts["other (Python, logging)"] = parts.get("other (Python, logging)", 0.0) + intervals.length(
+            intervals.subtract([window], taken))
         for d, iv in kernels.items():
-            busy[d] += trace_summary.length(trace_summary.clip(trace_summary.union(iv), *window))
+            busy[d] += intervals.length(intervals.clip(intervals.union(iv), *window))
     n = len(steps)
     return {"parts_ms": {k: round(v / n / 1000, 3) for k, v in parts.items()},
             "profiled_step_ms": round(total / n / 1000, 3),
