@@ -1,8 +1,10 @@
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]  # the environment of a test run: ../conftest.py
 
@@ -45,3 +47,16 @@ def interrupted_at(cfg, stop_step):
     run.train_step = train_step
     with pytest.raises(engine.Preempted):
         run.fit()
+
+
+class SleepyNet(nn.Module):
+    """A linear classifier whose forward takes `seconds` longer: a step of known cost (timing and bench tests)."""
+
+    def __init__(self, num_classes: int, seconds: float):
+        super().__init__()
+        self.fc, self.seconds = nn.Linear(3 * 32 * 32, num_classes), seconds
+
+    def forward(self, x):
+        time.sleep(self.seconds)
+        return self.fc(x.flatten(1))
+

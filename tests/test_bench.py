@@ -9,23 +9,11 @@ import time
 
 import pytest
 import torch
-from torch import nn
 
+from conftest import SleepyNet
 from tutorial_lib import bench, data, models
 from tutorial_lib.__main__ import main
 from tutorial_lib.bench import Measurement
-
-
-class SleepyNet(nn.Module):
-    """A linear classifier whose forward takes `seconds` longer: a model of known cost."""
-
-    def __init__(self, num_classes: int, seconds: float):
-        super().__init__()
-        self.fc, self.seconds = nn.Linear(3 * 32 * 32, num_classes), seconds
-
-    def forward(self, x):
-        time.sleep(self.seconds)
-        return self.fc(x.flatten(1))
 
 
 @pytest.fixture(autouse=True)

@@ -6,25 +6,12 @@ import time
 
 import pytest
 import torch
-from torch import nn
 
-from conftest import tiny
+from conftest import SleepyNet, tiny
 from tutorial_lib import bench, data, engine, meters, models
 from tutorial_lib.config import ConfigError
 
 BATCH = 16
-
-
-class SleepyNet(nn.Module):
-    """A linear classifier whose forward takes `seconds` longer: a step of known cost."""
-
-    def __init__(self, num_classes: int, seconds: float):
-        super().__init__()
-        self.fc, self.seconds = nn.Linear(3 * 32 * 32, num_classes), seconds
-
-    def forward(self, x):
-        time.sleep(self.seconds)
-        return self.fc(x.flatten(1))
 
 
 class BurstInput:
