@@ -4,6 +4,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]  # the environment of a test run: ../conftest.py
@@ -60,3 +61,12 @@ class SleepyNet(nn.Module):
         time.sleep(self.seconds)
         return self.fc(x.flatten(1))
 
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: on a busy machine two threads that wait for each other turn 1 ms ops into 100 ms."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

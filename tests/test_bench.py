@@ -16,13 +16,7 @@ from tutorial_lib.__main__ import main
 from tutorial_lib.bench import Measurement
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # on a busy machine, two intra-op threads that wait for each other turn 1 ms ops into 100 ms ones
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture
@@ -89,13 +83,15 @@ def fig(measure, img_s, spread=0.0):
     (90_000, 9_000, 8_900, dict(precision="fp32"), ["compute-bound: FULL 8,900 (±0%) ≈ SYNTHETIC 9,000 (±0%) < IO "
                                                     "90,000", "precision=bf16"]),
     (90_000, 30_000, 29_000, dict(precision="bf16", channels_last=True),
-     ["compile=true compile_mode=reduce-overhead", "larger batch_size (now 128"]),
+     ["one CUDA graph: cuda_graph=true", "larger batch_size (now 128"]),
+    (90_000, 30_000, 29_000, dict(precision="bf16", channels_last=True, cuda_graph=True),
+     ["a larger batch_size (now 128", "more GPUs"]),
     (90_000, 30_000, 29_000, dict(precision="bf16", channels_last=True, compile=True, compile_mode="reduce-overhead"),
      ["a larger batch_size (now 128", "more GPUs"]),
     # notebook 03 on an H200 with loader=gpu_resident: FULL 0.77 of SYNTHETIC while IO is far above both
     (120_000, 39_500, 30_455, dict(precision="bf16", channels_last=True, loader="gpu_resident", batch_size=256),
      ["host/launch-bound: FULL 30,455 (±0%) is 23% below SYNTHETIC 39,500 (±0%) img/s while IO 120,000 (±0%) keeps up",
-      "compile=true compile_mode=reduce-overhead", "larger batch_size (now 256"]),
+      "one CUDA graph: cuda_graph=true", "larger batch_size (now 256"]),
     (20_000, 21_000, 12_000, dict(num_workers=7), ["host/launch-bound: FULL 12,000 (±0%) is 43% below SYNTHETIC",
                                                    "7 workers and the training loop share 8 CPUs: try fewer workers"]),
 ])

@@ -1,6 +1,6 @@
 """DDP computes the gradient of the global batch: 2 ranks with batch b each (gloo, CPU) give the gradients, and
-after one SGD step the parameters, of one process with batch 2b, with DDP's hooks and with the engine's flat
-all-reduce (ddp_sync); gradient accumulation with no_sync gives them too; and the ranks' parameters stay
+after one SGD step the parameters, of one process with batch 2b, with DDP's hooks, with the engine's flat
+all-reduce (ddp_sync) and with its DDP by hand (cuda_graph=true); gradient accumulation with no_sync gives them too; and the ranks' parameters stay
 identical.
 
 Why the model runs in eval mode: the equality holds when the loss is a mean of per-sample terms. In training
@@ -43,10 +43,11 @@ def single(tmp_path_factory):
     return one_step(tmp_path_factory.mktemp("single") / "b8", batch=8)[0]
 
 
-@pytest.mark.parametrize("sync", ["hooks", "flat"])
+@pytest.mark.parametrize("sync", ["ddp_sync=hooks", "ddp_sync=flat", "cuda_graph=true"])
 def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(tmp_path, single, sync):
-    """hooks: DDP's bucket all-reduces during the backward pass; flat: one all-reduce after it."""
-    ranks = one_step(tmp_path / "ddp", 4, 1, 2, f"ddp_sync={sync}")
+    """hooks: DDP's bucket all-reduces during the backward pass; flat: one all-reduce after it; cuda_graph: no
+    DDP module, the engine's recorded step broadcasts and all-reduces by hand (on a CPU it runs unrecorded)."""
+    ranks = one_step(tmp_path / "ddp", 4, 1, 2, sync)
     assert_close(ranks[0]["grads"], single["grads"], "DDP gradients vs one process")
     assert_close(ranks[0]["params"], single["params"], "parameters after one step")
     for name, p in ranks[0]["params"].items():

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from conftest import ROOT, cli, tiny
-from tutorial_lib import config, distributed, engine, ladder, meters, models, peaks
+from tutorial_lib import config, distributed, engine, ladder, meters, models, peaks, stepgraph
 from tutorial_lib.config import ConfigError, TrainConfig
 
 TINY = ladder.Sizes(batch=8, big_batch=16, steps=3, big_steps=2, warmup=1, model="resnet18_imagenet", train_size=64,
@@ -155,21 +155,33 @@ def test_skipped_steps_with_a_real_grad_scaler_on_overflow():
 def test_ladder_configs_add_one_change_per_rung():
     plan = {rung.name: cfg for rung, cfg, _ in ladder.configs(ladder.GPU)}
     last = plan["gpu_resident"]
-    assert (last.precision, last.channels_last, last.optimizer_impl, last.compile, last.compile_mode,
-            last.batch_size, last.loader) == ("bf16", True, "fused", True, "reduce-overhead", 1024, "gpu_resident")
+    assert (last.precision, last.channels_last, last.optimizer_impl, last.compile, last.compile_mode, last.cuda_graph,
+            last.batch_size, last.loader) == ("bf16", True, "fused", True, "default", True, 1024, "gpu_resident")
+    assert plan["reduce_overhead"].compile_mode == "reduce-overhead" and not plan["reduce_overhead"].cuda_graph
     assert plan["fp32"].precision == "fp32" and not plan["fp32"].channels_last
     assert plan["fp16"].precision == "fp16" and not plan["fp16"].channels_last  # beside the bf16 rung
     assert plan["last_small_batch"].replace(batch_size=1024, steps=last.steps, out_dir=last.out_dir) == last
     on_cpu = {rung.name: (cfg, why) for rung, cfg, why in ladder.configs(ladder.GPU, device="cpu")}
     assert on_cpu["compile"][1] and on_cpu["tf32"][1] and on_cpu["fp16"][1] and on_cpu["reduce_overhead"][1]
+    assert on_cpu["step_graph"][1] == "CUDA graphs need a GPU"
     assert on_cpu["gpu_resident"][1] is None and not on_cpu["gpu_resident"][0].compile
+
+
+def test_every_traced_rung_times_a_step_after_its_compile_and_recording():
+    """The eager rung's trace once failed: its DataLoader's prefetched batches made timing_warmup 26 > 12 steps."""
+    plan = {rung.name: cfg for rung, cfg, _ in ladder.configs(ladder.GPU)}
+    for name in ladder.TRACED:
+        cfg = ladder.trace_config(plan[name])
+        warmup = max(cfg.timing_warmup, engine.COMPILE_WARMUP, stepgraph.WARMUP_STEPS + 1)
+        assert cfg.steps > warmup and cfg.steps >= cfg.profile_wait + cfg.profile_warmup + cfg.profile_active, name
+        engine.check_timed(cfg, cfg.steps, 100)
 
 
 def test_optimized_yaml_is_the_ladders_last_rung():
     opt = config.load(ROOT / "configs" / "optimized.yaml")
     last = {rung.name: cfg for rung, cfg, _ in ladder.configs(ladder.GPU)}["gpu_resident"]
     for key in ("model", "dataset", "precision", "channels_last", "optimizer_impl", "compile", "compile_mode",
-                "batch_size", "loader", "optimizer", "lr"):
+                "cuda_graph", "batch_size", "loader", "optimizer", "lr"):
         assert getattr(opt, key) == getattr(last, key), key
 
 
@@ -179,7 +191,7 @@ def test_small_ladder_measures_every_rung_a_cpu_can_run(tmp_path):
     assert measured == {"fp32", "bf16", "channels_last", "fused_adamw", "big_batch", "gpu_resident",
                         "last_small_batch", "bare_loop"}
     skipped = {r["rung"]: r["skipped"] for r in rows if r["skipped"]}
-    assert set(skipped) == {"tf32", "compile", "reduce_overhead", "fp16"}
+    assert set(skipped) == {"tf32", "compile", "reduce_overhead", "step_graph", "fp16"}
     assert "torch.compile" in skipped["compile"] and "CUDA" in skipped["fp16"]
     for r in rows:
         if not r["skipped"]:

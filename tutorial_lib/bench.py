@@ -23,6 +23,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
 from . import data, distributed, engine
 from .config import TrainConfig, UserError, usable_cpus
 from .meters import StepClock
@@ -128,7 +130,10 @@ def measure_synthetic(run: engine.Run, clock: StepClock, steps: int, pool: list)
         clock.tick()
     run.sched.load_state_dict(sched)
     for group, lr in zip(run.opt.param_groups, run.sched.get_last_lr()):
-        group["lr"] = lr
+        if isinstance(group["lr"], torch.Tensor):  # cuda_graph=true: the recorded step reads this tensor
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
 
 
 def measure_full(run: engine.Run) -> engine.Result:
@@ -278,13 +283,13 @@ def launch_knob(cfg: TrainConfig, device_type: str) -> str:
 
 def _graphs_or_batch(cfg: TrainConfig) -> str:
     """A small step on a fast GPU waits for the CPU to launch its kernels. What removes that limit: CUDA
-    graphs (compile_mode=reduce-overhead: the whole step is one launch) or a larger batch (fewer, larger
-    kernels). Not plain compile=true: its default mode still launches every kernel, and on an H200 at batch
-    256 it made the bf16 step slower than eager."""
-    if cfg.compile and cfg.compile_mode == "reduce-overhead":
+    graphs (cuda_graph=true: the whole step is one launch; compile_mode=reduce-overhead: the compiled forward
+    and backward pieces) or a larger batch (fewer, larger kernels). Not plain compile=true: its default mode
+    still launches every kernel, and on an H200 at batch 256 it made the bf16 step slower than eager."""
+    if cfg.cuda_graph or (cfg.compile and cfg.compile_mode == "reduce-overhead"):
         return f"a larger batch_size (now {cfg.batch_size}: fewer, larger kernels per image) (notebook 04)"
-    return ("replay the step as CUDA graphs: compile=true compile_mode=reduce-overhead, or a larger batch_size "
-            f"(now {cfg.batch_size}: fewer, larger kernels per image); measure both (notebook 04)")
+    return ("replay the whole step as one CUDA graph: cuda_graph=true (with compile=true for fused kernels), or "
+            f"a larger batch_size (now {cfg.batch_size}: fewer, larger kernels per image); measure both (notebook 04)")
 
 
 def _contention_hint(cfg: TrainConfig, device_type: str) -> str:

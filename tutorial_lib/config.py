@@ -126,6 +126,7 @@ class TrainConfig:
     channels_last: bool = False  # NHWC memory layout: what tensor cores want for convolutions
     compile: bool = False  # torch.compile the model
     compile_mode: str = "default"  # reduce-overhead records CUDA graphs (removes kernel-launch cost)
+    cuda_graph: bool = False  # record the whole step (forward, backward, all-reduce, optimizer) as one CUDA graph
     parallel: str = "none"  # none, dp (nn.DataParallel in one process) or ddp (one process per device)
     dist_timeout_s: int = 300  # seconds a rank waits in a collective for the others before the run fails
     ddp_bucket_cap_mb: int = 25  # size of DDP's gradient buckets, each all-reduced as one message
@@ -205,6 +206,8 @@ class TrainConfig:
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed={self.seed!r} must be in [0, 2**63) (e.g. seed=0)")
         self.profile_rank_set()
+        if self.cuda_graph:
+            self.check_cuda_graph()
         if self.model == "mnist_cnn" and self.dataset not in ("mnist",):
             raise ConfigError(f"model='mnist_cnn' expects 1x28x28 images but dataset={self.dataset!r}; "
                               "use dataset=mnist, or model=resnet18 for 3x32x32 data")
@@ -235,6 +238,23 @@ class TrainConfig:
         if self.compile and self.parallel == "dp":
             raise ConfigError("compile=true with parallel='dp' is not supported; use parallel=ddp to compile")
 
+    def check_cuda_graph(self) -> None:
+        """What a whole-step CUDA graph can't hold (tutorial_lib.stepgraph says why)."""
+        clash = [(self.precision == "fp16", "precision=fp16 (the GradScaler reads the device every step)",
+                  "precision=bf16"),
+                 (self.compile and self.compile_mode != "default", f"compile_mode={self.compile_mode} (it records "
+                  "its own CUDA graphs)", "compile_mode=default"),
+                 (self.parallel == "dp", "parallel=dp", "parallel=ddp"),
+                 (self.grad_accum_steps > 1, f"grad_accum_steps={self.grad_accum_steps}", "grad_accum_steps=1"),
+                 (self.optimizer_impl not in ("auto", "fused"), f"optimizer_impl={self.optimizer_impl} (it reads "
+                  "the learning rate as a number)", "optimizer_impl=fused"),
+                 (self.sync_batchnorm, "sync_batchnorm=true", "sync_batchnorm=false"),
+                 (self.ddp_sync == "hooks", "ddp_sync=hooks (the graph all-reduces the gradients in one piece)",
+                  "ddp_sync=auto")]
+        for bad, what, fix in clash:
+            if bad:
+                raise ConfigError(f"cuda_graph=true does not work with {what}; use {fix}, or cuda_graph=false")
+
     def workers(self) -> int:
         """DataLoader workers of this process: num_workers, or for auto the workbook's rule on its CPUs."""
         return default_workers(usable_cpus()) if self.num_workers == "auto" else self.num_workers
@@ -254,10 +274,13 @@ class TrainConfig:
 
     def flat_grad_sync(self) -> bool:
         """ddp_sync=auto: one flat all-reduce after the backward pass when the step runs as CUDA graphs
-        (compile_mode=reduce-overhead), where DDP's per-parameter hooks would cost more host time than the
-        step; DDP's bucket hooks (overlapping the backward pass) otherwise. Notebook 05 measures both."""
+        (cuda_graph=true, or compile_mode=reduce-overhead), where DDP's per-parameter hooks would cost more
+        host time than the step; DDP's bucket hooks (overlapping the backward pass) otherwise. Notebook 05
+        measures both. Never with grad_sync=false (no gradient is synchronised)."""
+        if not self.grad_sync:
+            return False
         if self.ddp_sync == "auto":
-            return self.compile and self.compile_mode == "reduce-overhead"
+            return self.cuda_graph or (self.compile and self.compile_mode == "reduce-overhead")
         return self.ddp_sync == "flat"
 
     def per_device_batch(self, world_size: int) -> int:

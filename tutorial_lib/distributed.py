@@ -4,6 +4,7 @@ process-group set-up and teardown, and the few collectives the engine needs. (St
 from __future__ import annotations
 
 import os
+import platform
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -52,6 +53,18 @@ def pick_device(requested: str, local_rank: int = 0) -> torch.device:
     if requested == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
     return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model and threads: every printed figure names it (notebook 01 teaches it)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"CPU ({cpu}, {torch.get_num_threads()} threads)"
 
 
 def setup(parallel: str, device: str = "auto", timeout_s: int = 300) -> DistEnv:
@@ -147,10 +160,27 @@ def average_gradients(params: list, env: DistEnv) -> None:
     gradient into its bucket. Each .grad becomes a view of the buffer, in the layout it had."""
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = torch.cat([in_memory_order(g) for g in grads])
-    dist.all_reduce(flat)
-    flat.div_(env.world_size)
+    if env.backend == "nccl":
+        dist.all_reduce(flat, op=dist.ReduceOp.AVG)  # NCCL averages as it sums: no extra pass over the buffer
+    else:
+        dist.all_reduce(flat)  # gloo has no AVG
+        flat.div_(env.world_size)
     for p, g, part in zip(params, grads, flat.split([g.numel() for g in grads])):
         p.grad = part.as_strided(g.size(), g.stride())  # channels_last stays channels_last
+
+
+@torch.no_grad()
+def broadcast_(tensors: list, env: DistEnv, src: int = 0) -> None:
+    """Copy rank `src`'s values of `tensors` into every rank's, in place: one broadcast per dtype of one flat
+    buffer (what DDP does with the parameters when it wraps a model, and with the buffers every forward)."""
+    by_dtype: dict = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for group in by_dtype.values():
+        flat = torch.cat([in_memory_order(t) for t in group])
+        dist.broadcast(flat, src)
+        for t, part in zip(group, flat.split([t.numel() for t in group])):
+            t.copy_(part.as_strided(t.size(), t.stride()))
 
 
 def in_memory_order(t: torch.Tensor) -> torch.Tensor:

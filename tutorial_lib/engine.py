@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -19,12 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import data, distributed, models, peaks, profiling
+from . import data, distributed, models, peaks, profiling, stepgraph
 from .meters import LossLog, StepClock, timing_fields
 from .precision import (SkippedSteps, autocast, backend_flags, grad_scaler, set_cudnn_benchmark,  # noqa: F401
                         set_precision_flags)  # tl.engine.set_precision_flags: notebook 01
 from .checkpoint import OutDirLock, StopSignals, make_out_dir, read_checkpoint, write_checkpoint
 from .config import ConfigError, TrainConfig, UserError, resume_differences, usable_cpus
+from .distributed import device_name  # tl.engine.device_name: notebooks 01-04
 from .results import Result, load_result
 
 # The CLI's exit code after SIGUSR1 (Slurm's warning before the time limit) or SIGTERM (scancel, a time limit
@@ -40,18 +40,6 @@ class Preempted(Exception):
 
 class NonFiniteLoss(UserError):
     """The loss became NaN or infinite: training can't recover, so the run stops (without a checkpoint)."""
-
-
-def device_name(device: torch.device) -> str:
-    """The GPU's name, or the CPU's model and threads: every printed figure names it (notebook 01 teaches it)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"CPU ({cpu}, {torch.get_num_threads()} threads)"
 
 
 def lr_lambda(cfg: TrainConfig, total_steps: int):
@@ -107,6 +95,7 @@ class Run:
         self.model = self.wrap(self.raw_model)
         self.opt = self.make_optimizer()
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg, self.total_steps))
+        self.graphed = stepgraph.GraphedStep(self.graph_body, self.opt, self.device) if cfg.cuda_graph else None
         self.scaler = grad_scaler(cfg, self.device)
         self.skipped = SkippedSteps()
         self.step, self.resumed_from = 0, None
@@ -122,11 +111,14 @@ class Run:
         Under DDP, Dynamo's DDPOptimizer cuts the compiled graph at the gradient buckets so that each bucket's
         all-reduce overlaps the rest of the backward pass (ddp_compile=split: compile the DDP module; inner:
         compile the model, then wrap it -- DDP's forward tells Dynamo, which cuts all the same); whole: no
-        cuts (torch._dynamo.config.optimize_ddp=False), one graph, the all-reduces after the backward pass."""
+        cuts (torch._dynamo.config.optimize_ddp=False), one graph, the all-reduces after the backward pass.
+        cuda_graph=true: no DDP module; the recorded step broadcasts the buffers and all-reduces the gradients."""
         cfg, env = self.cfg, self.env
         self.ddp = None
         self.flat_sync = cfg.parallel == "ddp" and cfg.flat_grad_sync()
-        if cfg.parallel == "ddp" and cfg.grad_sync:  # grad_sync=false: no DDP, ranks train apart (notebook 06)
+        if cfg.cuda_graph and env.distributed:  # DDP by hand: the graph holds the gradient all-reduce itself
+            distributed.broadcast_(list(net.parameters()) + list(net.buffers()), env)  # rank 0's start, as DDP's
+        elif cfg.parallel == "ddp" and cfg.grad_sync:  # grad_sync=false: no DDP, ranks train apart (notebook 06)
             if cfg.sync_batchnorm:
                 net = self.raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(net)
             if cfg.compile:  # DDPOptimizer cuts the graph at the buckets, for hooks that overlap the backward pass
@@ -154,12 +146,16 @@ class Run:
         foreach (one kernel per operation over all of them), for-loop (kernels per parameter), auto (torch's
         choice: foreach on a GPU). Notebook 04 measures the difference."""
         cfg = self.cfg
-        impl = OPTIMIZER_IMPLS[cfg.optimizer_impl]
+        impl = OPTIMIZER_IMPLS["fused" if cfg.cuda_graph else cfg.optimizer_impl]  # a graph needs one kernel
         try:
             if cfg.optimizer == "sgd":
-                return torch.optim.SGD(self.raw_model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                                       weight_decay=cfg.weight_decay, nesterov=cfg.momentum > 0, **impl)
-            return torch.optim.AdamW(self.raw_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
+                opt = torch.optim.SGD(self.raw_model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                      weight_decay=cfg.weight_decay, nesterov=cfg.momentum > 0, **impl)
+            else:
+                opt = torch.optim.AdamW(self.raw_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
+            if cfg.cuda_graph:
+                stepgraph.tensor_lr(opt)
+            return opt
         except (RuntimeError, TypeError) as e:  # e.g. fused=True where this torch has no fused kernel
             raise ConfigError(f"optimizer_impl={cfg.optimizer_impl!r} does not work for optimizer={cfg.optimizer!r} "
                               f"on {self.device.type} with torch {torch.__version__} ({e}); use "
@@ -175,6 +171,10 @@ class Run:
     def train_step(self, x, y) -> torch.Tensor:
         """One optimizer step on a batch, or on lists of grad_accum_steps micro-batches (gradients add up;
         under DDP only the last micro-batch's backward all-reduces, the others run inside no_sync())."""
+        if self.graphed is not None:  # cuda_graph=true: forward, backward, all-reduce and update in one replay
+            loss = self.graphed(x, y)
+            self.sched.step()  # writes the next step's learning rate into the tensor the graph reads
+            return loss
         nvtx = self.cfg.nvtx
         micro = list(zip(x, y)) if isinstance(x, (list, tuple)) else [(x, y)]
         self.opt.zero_grad(set_to_none=True)
@@ -198,6 +198,19 @@ class Run:
             self.skipped.after_update(self.scaler, scale)
             self.sched.step()
         return total
+
+    def graph_body(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The step cuda_graph=true records (stepgraph.py): what DDP would do (buffers from rank 0 before the
+        forward pass, gradients averaged after the backward pass), with no host work that a replay would skip."""
+        if self.env.distributed and self.cfg.grad_sync and self.cfg.ddp_broadcast_buffers:
+            distributed.broadcast_(list(self.raw_model.buffers()), self.env)
+        with autocast(self.cfg, self.device):
+            loss = F.cross_entropy(self.model(x), y)
+        loss.backward()
+        if self.flat_sync:
+            self.sync_gradients()
+        self.opt.step()
+        return loss.detach()
 
     def sync_gradients(self) -> None:
         """ddp_sync=flat: the backward pass ran inside no_sync() (no DDP hooks); average the gradients now."""
@@ -228,8 +241,10 @@ class Run:
                              "resume=false trains it again from step 0, a larger steps= continues it")
                     return load_result(self.out)
                 warmup = max(0, cfg.timing_warmup - self.step)
-                self.clock = StepClock(self.device, warmup=max(warmup, COMPILE_WARMUP) if cfg.compile else warmup,
-                                       time_first=cfg.compile, prior=self.prior_timing)
+                if cfg.compile or self.graphed:  # the first steps compile and record: never timed
+                    warmup = max(warmup, COMPILE_WARMUP, stepgraph.WARMUP_STEPS + 1 if self.graphed else 0)
+                self.clock = StepClock(self.device, warmup=warmup, time_first=cfg.compile,
+                                       prior=self.prior_timing)
                 self.loop(self.clock)
                 self.check_stop()  # a signal during the last steps
                 if cfg.ckpt_every or self.resumed_from is not None:  # a checkpoint that exists shows the end
@@ -473,7 +488,11 @@ def prepared_run(cfg: TrainConfig):
                 cfg.check_runtime(env.device.type, env.world_size, env.launched)
                 run = Run(cfg, env)
                 early.hand_over(run)
-                yield run
+                try:
+                    yield run
+                finally:  # a live graph holding NCCL calls makes destroy_process_group hang (pytorch#115388)
+                    if run.graphed is not None:
+                        run.graphed.release()
         finally:
             distributed.teardown(env)
 

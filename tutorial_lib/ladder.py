@@ -6,8 +6,8 @@ one change on top of the last, every rung a real training run (`engine.train`) i
     python -m tutorial_lib ladder dataset=cifar10   # key=value changes the base (the fp32 rung) of every rung
 
 fp32 (TF32 off; in NGC containers NVIDIA_TF32_OVERRIDE=0 forces it off too) -> TF32 -> bf16 autocast ->
-channels_last -> fused AdamW -> torch.compile -> mode reduce-overhead (CUDA graphs) -> batch 1024 -> the
-GPU-resident input of notebook 03. Beside the ladder: fp16 + GradScaler instead of bf16; the last rung at
+channels_last -> fused AdamW -> torch.compile -> mode reduce-overhead (CUDA graphs) -> the whole step as one
+CUDA graph (cuda_graph=true) -> batch 1024 -> the GPU-resident input of notebook 03. Beside the ladder: fp16 + GradScaler instead of bf16; the last rung at
 batch 256; and the ceiling, the last rung's compiled step in a bare loop with none of the engine around it.
 Each row: img/s, step time (median, p10, p90), peak memory, MFU, compile time and the loss after its steps.
 """
@@ -64,6 +64,8 @@ def rungs(sizes: Sizes) -> list[Rung]:
         Rung("compile", "torch.compile, mode default", {"compile": True}),
         Rung("reduce_overhead", "compile mode reduce-overhead: CUDA graphs", {"compile_mode": "reduce-overhead"},
              cpu_note="CUDA graphs need a GPU"),
+        Rung("step_graph", "the whole step (with the optimizer) as one CUDA graph, compile mode default inside",
+             {"compile_mode": "default", "cuda_graph": True}, cpu_note="CUDA graphs need a GPU"),
         Rung("big_batch", f"batch {sizes.batch} -> {sizes.big_batch}", {"batch_size": sizes.big_batch}),
         Rung("gpu_resident", "GPU-resident input and augmentation (notebook 03)", {"loader": "gpu_resident"}),
         Rung("last_small_batch", f"beside the ladder: the last rung at batch {sizes.batch}", {"batch_size": sizes.batch},
@@ -157,17 +159,23 @@ def bare_loop(cfg: TrainConfig) -> Result:
     import torch
     import torch.nn.functional as F
 
-    from . import data, engine, models, peaks
+    from . import data, engine, models, peaks, stepgraph
     from .meters import StepClock, timing_fields
     from .precision import autocast
 
     with engine.prepared_run(cfg) as r:
         model, opt, batches = r.model, r.opt, r.batches()
-        warmup = max(cfg.timing_warmup, engine.COMPILE_WARMUP) if cfg.compile else cfg.timing_warmup  # as Run.fit
+        warmup = cfg.timing_warmup  # as Run.fit: never time the steps that compile or record
+        if cfg.compile or cfg.cuda_graph:
+            warmup = max(warmup, engine.COMPILE_WARMUP, stepgraph.WARMUP_STEPS + 1 if cfg.cuda_graph else 0)
         clock = StepClock(r.device, warmup, time_first=cfg.compile)
         clock.start()
         for _ in range(cfg.steps):
             x, y = next(batches)
+            if r.graphed is not None:  # cuda_graph=true: the same recorded step, replayed
+                loss = r.graphed(x, y)
+                clock.tick()
+                continue
             with autocast(cfg, r.device):
                 loss = F.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
@@ -291,8 +299,7 @@ def trace_breakdown(cfg: TrainConfig) -> dict:
 
     from . import engine, trace_summary
 
-    prof = cfg.replace(profile=True, profile_wait=6, profile_warmup=2, profile_active=3, steps=12,
-                       profile_memory=False, profile_record_shapes=False, out_dir=f"{cfg.out_dir}_trace")
+    prof = trace_config(cfg)
     if prof.compile:
         torch._dynamo.reset()
     with contextlib.redirect_stdout(io.StringIO()):
@@ -304,6 +311,13 @@ def trace_breakdown(cfg: TrainConfig) -> dict:
             "shares": {p: parts[p] / s.step_ms for p in trace_summary.PARTS},
             "top_kernels": [{"name": k["name"][:120], "calls": k["calls"], "ms": k["ms"], "of_busy": k["ms"] / busy}
                             for k in s.top_kernels[:8]]}
+
+
+def trace_config(cfg: TrainConfig) -> TrainConfig:
+    """A rung's config for its trace: 12 steps, the profiler on 3 of them after compile and recording. The
+    throughput of so short a run means nothing; it only has to time a step (timing_warmup below 12)."""
+    return cfg.replace(profile=True, profile_wait=6, profile_warmup=2, profile_active=3, steps=12, timing_warmup=5,
+                       profile_memory=False, profile_record_shapes=False, out_dir=f"{cfg.out_dir}_trace")
 
 
 def traces(sizes: Sizes, overrides: dict | None = None) -> dict:

@@ -28,8 +28,8 @@ from .config import TrainConfig, UserError
 KINDS = ("weak", "strong")
 LR_RULES = ("none", "linear", "sqrt")
 # What a run and its baseline must share: everything that changes the work of one GPU in one step.
-HELD_FIXED = ("dataset", "model", "optimizer", "precision", "channels_last", "compile", "compile_mode", "loader",
-              "augment", "num_workers", "pin_memory", "cudnn_benchmark", "train_size")
+HELD_FIXED = ("dataset", "model", "optimizer", "precision", "channels_last", "compile", "compile_mode", "cuda_graph",
+              "loader", "augment", "num_workers", "pin_memory", "cudnn_benchmark", "train_size")
 LEDGER_COLUMNS = ("run", "device", "gpus", "batch_per_gpu", "global_batch", "precision", "grad_sync",
                   "throughput_img_s", "step_ms", "val_accuracy", "steps", "lr", "warmup_steps", "seconds")
 

@@ -14,6 +14,8 @@ from ddp_cases import CPU, OUT, Cases, best_singles, efficiency, pack_traces, su
 from tutorial_lib import reference  # noqa: E402
 
 RO = dict(compile=True, compile_mode="reduce-overhead")
+GRAPH = dict(compile=True, cuda_graph=True)  # the whole step as one CUDA graph, compile_mode=default inside it
+B1024 = dict(batch_size=1024, steps=120, timing_warmup=40)
 DDP = dict(parallel="ddp")
 TRACE_ALL = dict(profile=True, profile_ranks="all", profile_wait=150, profile_active=3, profile_memory=False,
                  profile_record_shapes=False)
@@ -26,32 +28,33 @@ def main() -> int:
     cases = Cases("ddp_probe", budget, OUT / "ddp_probe.log")
     n = 2 if CPU else 4
     print(f"== 1 GPU, four cases at once (one per GPU); budget {budget:.0f} s", flush=True)
-    cases.run_together([("1gpu_eager_b256", 1, {}),
-                        ("1gpu_default_b256", 1, dict(compile=True)),
+    cases.run_together([("1gpu_graph_b256", 1, GRAPH),
                         ("1gpu_reduce-overhead_b256", 1, RO),
-                        ("1gpu_reduce-overhead_b1024", 1, dict(RO, batch_size=1024, steps=120, timing_warmup=40))],
+                        ("1gpu_graph_b1024", 1, dict(GRAPH, **B1024)),
+                        ("1gpu_reduce-overhead_b1024", 1, dict(RO, **B1024))],
                        estimate_s=60)
     print(f"== DDP on {n} GPUs, batch 256 per GPU unless named", flush=True)
-    ddp = [  # name, overrides, seconds it may take (compilation included)
-        ("ddp_ro_split", dict(DDP, **RO, ddp_compile="split", **TRACE_ALL), 75),
-        ("ddp_ro_whole", dict(DDP, **RO, ddp_compile="whole", **TRACE_RANK0), 60),
-        ("ddp_ro_inner", dict(DDP, **RO, ddp_compile="inner"), 55),
-        ("ddp_eager", dict(DDP), 25),
-        ("ddp_ro_whole_b1024", dict(DDP, **RO, ddp_compile="whole", batch_size=1024, steps=120, timing_warmup=40), 55),
-        ("ddp_ro_split_b1024", dict(DDP, **RO, ddp_compile="split", batch_size=1024, steps=120, timing_warmup=40), 55),
-        ("ddp_ro_split_no_broadcast", dict(DDP, **RO, ddp_compile="split", ddp_broadcast_buffers=False), 45),
-        ("ddp_ro_split_bucket100", dict(DDP, **RO, ddp_compile="split", ddp_bucket_cap_mb=100), 45),
-        ("ddp_default_split", dict(DDP, compile=True, ddp_compile="split"), 55),
-        ("ddp_ro_whole_static", dict(DDP, **RO, ddp_compile="whole", ddp_static_graph=True), 45),
+    ddp = [  # name, GPUs, overrides, seconds it may take (compilation included)
+        ("ddp_graph", n, dict(DDP, **GRAPH), 55),
+        ("ddp_graph_b1024", n, dict(DDP, **GRAPH, **B1024), 55),
+        ("ddp_graph_2gpu", 2, dict(DDP, **GRAPH), 50),
+        ("ddp_ro_flat", n, dict(DDP, **RO, ddp_sync="flat"), 55),
+        ("ddp_graph_traced", n, dict(DDP, **GRAPH, **TRACE_RANK0), 60),
+        ("ddp_ro_split", n, dict(DDP, **RO, ddp_sync="hooks", ddp_compile="split", **TRACE_ALL), 75),
+        ("ddp_ro_whole", n, dict(DDP, **RO, ddp_sync="hooks", ddp_compile="whole"), 60),
+        ("ddp_graph_eager", n, dict(DDP, cuda_graph=True), 40),
+        ("ddp_eager", n, dict(DDP), 25),
+        ("ddp_graph_2gpu_b1024", 2, dict(DDP, **GRAPH, **B1024), 55),
+        ("ddp_ro_inner", n, dict(DDP, **RO, ddp_sync="hooks", ddp_compile="inner"), 55),
     ]
-    for name, overrides, estimate in ddp:
-        cases.run(name, n, overrides, estimate)
+    for name, gpus, overrides, estimate in ddp:
+        cases.run(name, gpus, overrides, estimate)
 
     singles = best_singles(cases.records)
     device = next((r["device"] for r in cases.records if "device" in r), "?")
     text = table(cases.records, singles, device)
     print("\n" + text, flush=True)
-    traced = [f"runs/gpu/ddp_probe/{c}" for c in ("ddp_ro_split", "ddp_ro_whole")]
+    traced = [f"runs/gpu/ddp_probe/{c}" for c in ("ddp_graph_traced", "ddp_ro_split")]
     traces = summarize_traces(traced, OUT / "traces.txt")
     pack_traces(traced, OUT / "traces.tar.gz")
     print("\nper-rank traces (ms per profiled step; NCCL kernels per step; NCCL time hidden under compute):")

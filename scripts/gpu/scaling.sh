@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Notebook 06 on one 4-GPU node (run from the repo root; $OUT collects the outputs). CIFAR-stem ResNet-18 in
-# bf16 + channels_last with loader=gpu_resident, eager (no compile: each launch would pay its compile time):
+# bf16 + channels_last with loader=gpu_resident, cuda_graph=true (the whole step, gradient all-reduce included,
+# replayed as one CUDA graph), eager kernels (no compile: each launch would pay its compile time):
 #   1. weak scaling 1/2/4 GPUs at batch 1024 per GPU (the bench: IO / SYNTHETIC / FULL on every rank)
 #   2. the same 4-GPU run without gradient all-reduce (grad_sync=false): the gap is the communication
 #   3. time to a target validation accuracy on shapes_hard: 1 GPU, then 4 GPUs with the learning rate scaled
@@ -46,10 +47,11 @@ B, B_SMALL = P(16, 1024), P(8, 256)  # batch per GPU: the recommended one, and a
 base = tl.TrainConfig(dataset="shapes_hard", model=P("resnet18_imagenet", "resnet18"), precision=P("fp32", "bf16"),
                       channels_last=P(False, True), loader="gpu_resident", device=P("cpu", "auto"), num_workers=0,
                       tensorboard=False, progress=False, eval=False, resume=False, log_every=P(4, 50),
-                      train_size=P(256, 16384), steps=P(8, 150), timing_warmup=P(2, 30), batch_size=B)
+                      train_size=P(256, 16384), steps=P(8, 150), timing_warmup=P(2, 30), batch_size=B,
+                      cuda_graph=True)  # the whole step, all-reduce included, as one CUDA graph (eager kernels)
 BENCH = ("--steps", str(P(6, 60)), "--window", str(P(2, 10)))
 figures = {"recipe": f"{base.model}, {base.precision}, channels_last={base.channels_last}, loader={base.loader}, "
-                     f"eager, dataset {base.dataset}", "batch_per_gpu": B, "gpus": N}
+                     f"eager kernels, the whole step as one CUDA graph (cuda_graph=true), dataset {base.dataset}", "batch_per_gpu": B, "gpus": N}
 
 
 def elapsed():
