@@ -52,6 +52,9 @@ def timings_table() -> str:
     return "\n".join(rows)
 
 
+LONGEST = 160  # characters of a figure shown in the guide's tables
+
+
 def gpu_figures() -> str:
     files = sorted(reference.FOLDER.glob("*.json"))
     if not files:
@@ -64,7 +67,12 @@ def gpu_figures() -> str:
         rows = [f"**{path.stem}**: on {reference.where(record)} (`{record['script']}`)", "",
                 "| figure | value |", "| --- | --- |"]
         for key, value in record["figures"].items():
-            shown = f"{value:,.4g}" if isinstance(value, float) else str(value).replace("|", "\\|")
+            if isinstance(value, float):
+                shown = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"  # 59,362 img/s, not 5.936e+04
+            else:
+                shown = str(value).replace("|", "\\|")
+            if len(shown) > LONGEST:  # a table of rows or a curve: the notebook shows it, the file holds it
+                shown = f"({type(value).__name__} of {len(value)}: see notebooks/reference/{path.name})"
             rows.append(f"| {key} | {shown} |")
         parts.append("\n".join(rows))
     return "\n\n".join(parts)

@@ -45,10 +45,12 @@ def test_augmentation_crop_flip_matches_reference():
         assert torch.equal(out[i], ref.flip(2) if flips[i] else ref)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_resume_equals_uninterrupted_run(tiny_cfg, tmp_path, workers):
+@pytest.mark.parametrize("workers, extra", [(0, {}), (2, {}), (0, {"cuda_graph": True, "warmup_steps": 3})])
+def test_resume_equals_uninterrupted_run(tiny_cfg, tmp_path, workers, extra):
+    """cuda_graph: the learning rate lives in a tensor (saved with the optimizer) and the warm-up's schedule crosses
+    the interruption."""
     # 3 steps per epoch, so the interruption lands mid-epoch and the resumed run crosses an epoch boundary
-    kw = dict(steps=8, train_size=48, num_workers=workers, ckpt_every=0)
+    kw = dict(steps=8, train_size=48, num_workers=workers, ckpt_every=0, **extra)
     straight = engine.train(tiny_cfg(out_dir=str(tmp_path / "straight"), **kw))
     cfg = tiny_cfg(out_dir=str(tmp_path / "resumed"), **kw)
     interrupted_at(cfg, 4)

@@ -94,9 +94,11 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 LOADERS = ("dataloader", "prefetcher", "gpu_resident")
 DDP_COMPILE = ("split", "whole", "inner")
 DDP_SYNC = ("auto", "hooks", "flat")
+GRAD_DTYPES = ("fp32", "bf16")
 CHOICES = {"dataset": DATASETS, "model": MODELS, "precision": PRECISIONS, "parallel": PARALLEL, "device": DEVICES,
            "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "compile_mode": COMPILE_MODES, "loader": LOADERS,
-           "optimizer_impl": OPTIMIZER_IMPLS, "ddp_compile": DDP_COMPILE, "ddp_sync": DDP_SYNC}
+           "optimizer_impl": OPTIMIZER_IMPLS, "ddp_compile": DDP_COMPILE, "ddp_sync": DDP_SYNC,
+           "ddp_grad_dtype": GRAD_DTYPES}
 
 
 @dataclass
@@ -136,6 +138,7 @@ class TrainConfig:
     ddp_broadcast_buffers: bool = True  # copy rank 0's buffers (BatchNorm running stats) to every rank each forward
     ddp_compile: str = "split"  # compile=true with DDP: split (graph cut at buckets), whole (one graph), inner (compile, then wrap; cut)
     ddp_sync: str = "auto"  # gradient all-reduce: hooks (DDP's buckets, during backward), flat (one, after it), auto (flat with CUDA graphs)
+    ddp_grad_dtype: str = "fp32"  # dtype the gradients are all-reduced in: fp32, or bf16 (half the bytes, rounded)
     sync_batchnorm: bool = False  # DDP: BatchNorm statistics over the global batch (SyncBatchNorm; GPUs only)
     grad_accum_steps: int = 1  # micro-batches per optimizer step (DDP all-reduces only on the last: no_sync)
     cudnn_benchmark: bool = True  # let cuDNN time its algorithms for each new input shape

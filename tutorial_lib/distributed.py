@@ -61,7 +61,8 @@ def device_name(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     cpu = platform.processor() or platform.machine()
     try:
-        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+        with open("/proc/cpuinfo") as info:
+            cpu = next(l.split(":", 1)[1].strip() for l in info if l.startswith("model name"))
     except (OSError, StopIteration):
         pass
     return f"CPU ({cpu}, {torch.get_num_threads()} threads)"
@@ -154,17 +155,22 @@ def barrier(env: DistEnv, name: str = "barrier") -> None:
             dist.barrier()
 
 
-def average_gradients(params: list, env: DistEnv) -> None:
+def average_gradients(params: list, env: DistEnv, dtype: torch.dtype | None = None) -> None:
     """Average the gradients of `params` over the ranks with one all-reduce of one flat buffer (the engine's
     ddp_sync=flat): a few kernels and little host time, where DDP's hooks copy and scale each parameter's
-    gradient into its bucket. Each .grad becomes a view of the buffer, in the layout it had."""
+    gradient into its bucket. Each .grad becomes a view of the buffer, in the layout it had. `dtype`
+    (ddp_grad_dtype=bf16): the buffer travels in that dtype, half the bytes of fp32 and rounded, as DDP's
+    bf16_compress_hook does."""
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = torch.cat([in_memory_order(g) for g in grads])
+    sent = flat.to(dtype) if dtype is not None and dtype != flat.dtype else flat
     if env.backend == "nccl":
-        dist.all_reduce(flat, op=dist.ReduceOp.AVG)  # NCCL averages as it sums: no extra pass over the buffer
+        dist.all_reduce(sent, op=dist.ReduceOp.AVG)  # NCCL averages as it sums: no extra pass over the buffer
     else:
-        dist.all_reduce(flat)  # gloo has no AVG
-        flat.div_(env.world_size)
+        dist.all_reduce(sent)  # gloo has no AVG
+        sent.div_(env.world_size)
+    if sent is not flat:
+        flat.copy_(sent)
     for p, g, part in zip(params, grads, flat.split([g.numel() for g in grads])):
         p.grad = part.as_strided(g.size(), g.stride())  # channels_last stays channels_last
 

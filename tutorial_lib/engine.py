@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from . import data, distributed, models, peaks, profiling, stepgraph
 from .meters import LossLog, StepClock, timing_fields
@@ -130,6 +131,8 @@ class Run:
                 net, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 bucket_cap_mb=cfg.ddp_bucket_cap_mb, static_graph=cfg.ddp_static_graph,
                 gradient_as_bucket_view=cfg.ddp_gradient_as_bucket_view, **off)
+            if cfg.ddp_grad_dtype == "bf16":  # the buckets travel in bf16 (the flat all-reduce does the same)
+                self.ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
             if cfg.compile and cfg.ddp_compile != "inner":
                 return torch.compile(self.ddp, mode=cfg.compile_mode)
             return self.ddp
@@ -215,7 +218,8 @@ class Run:
     def sync_gradients(self) -> None:
         """ddp_sync=flat: the backward pass ran inside no_sync() (no DDP hooks); average the gradients now."""
         with profiling.nvtx_range("gradient all-reduce", self.cfg.nvtx):
-            distributed.average_gradients([p for p in self.raw_model.parameters() if p.requires_grad], self.env)
+            distributed.average_gradients([p for p in self.raw_model.parameters() if p.requires_grad], self.env,
+                                          torch.bfloat16 if self.cfg.ddp_grad_dtype == "bf16" else None)
 
     # ------------------------------------------------------------------ the loop
     def batches(self):
@@ -284,7 +288,10 @@ class Run:
                     clock.tick()
                     if cfg.eval_every and self.t_loop is None:  # val_history's clock starts after the first step,
                         self.t_loop = self.synced_time()  # whose one-off costs (cuDNN autotuning) are not training
+                    traces = prof.traces_written()
                     prof.step()
+                    if prof.traces_written() != traces:  # writing a trace file (seconds) is not a training step
+                        clock.pause_ended()
                     progress.update(1)
                     if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                         self.loss_log.ship(self.step)
@@ -520,9 +527,10 @@ def launch(cfg: TrainConfig, nproc: int, extra_env: dict | None = None, timeout:
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *words], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        print(line, end="", flush=True)
+    with proc.stdout:
+        for line in proc.stdout:
+            lines.append(line)
+            print(line, end="", flush=True)
     if proc.wait(timeout) != 0:
         tail = "".join(lines[-5:]).strip()
         raise UserError(f"torchrun exited with code {proc.returncode}; its last lines:\n{tail}")

@@ -21,6 +21,9 @@ class _NoProfiler:
     def step(self) -> None:
         pass
 
+    def traces_written(self) -> int:
+        return 0
+
 
 def trace_dir(out_dir: str | os.PathLike) -> Path:
     """Where traces go: inside the run's TensorBoard folder, so the PyTorch Profiler tab finds them.
@@ -63,8 +66,13 @@ def profiler(cfg, env):
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # keep the profiler's C++ log lines out of the cells
     schedule = torch.profiler.schedule(wait=cfg.profile_wait, warmup=cfg.profile_warmup,
                                        active=cfg.profile_active, repeat=cfg.profile_repeat)
-    handler = torch.profiler.tensorboard_trace_handler(
+    write = torch.profiler.tensorboard_trace_handler(
         str(trace_dir(cfg.out_dir)), worker_name=f"rank{env.rank}", use_gzip=True)
+    written = []  # prof.traces_written(): the loop leaves the seconds a trace file takes out of the step times
+
+    def handler(p):
+        write(p)
+        written.append(p.step_num)
     # acc_events=True: without it torch 2.10-2.13 warn "Profiler clears events at the end of each cycle" at
     # every cycle's start, even the first (torch PR 180387), and later versions from the second cycle on. Each
     # trace file still holds only its own cycle (the chrome trace comes from that cycle's Kineto results);
@@ -72,6 +80,7 @@ def profiler(cfg, env):
     with torch.profiler.profile(activities=activities(env.device), schedule=schedule, on_trace_ready=handler,
                                 record_shapes=cfg.profile_record_shapes, profile_memory=cfg.profile_memory,
                                 with_stack=cfg.profile_with_stack, acc_events=True) as prof:
+        prof.traces_written = lambda: len(written)
         yield prof
 
 

@@ -174,8 +174,8 @@ def start(logdir: str | os.PathLike = "runs", port: int | None = None, timeout: 
     port = port or _free_port()
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1",
            "--port", str(port), "--reload_interval", "5"]
-    log = open(Path(logdir) / ".tensorboard.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(Path(logdir) / ".tensorboard.log", "w") as log:  # the child keeps its own copy of the file
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     tb = TensorBoard(proc.pid, port, logdir)
     deadline = time.time() + timeout
     while not tb.alive():
@@ -186,13 +186,17 @@ def start(logdir: str | os.PathLike = "runs", port: int | None = None, timeout: 
                             f"its log ends with:\n{tail}")
         time.sleep(0.5)
     _save([*_records(), tb])
+    _CHILDREN[proc.pid] = proc  # this kernel's children: reaped by stop(), never collected while running
     return tb
+
+
+_CHILDREN: dict = {}  # pid -> Popen of the TensorBoards this process started
 
 
 def stop(tb: TensorBoard | None = None) -> int:
     """Stop `tb`, or every TensorBoard this workbook started. Returns how many were stopped. A record whose
     PID is no longer that TensorBoard (it ended, and the PID went to another process) is dropped unsignalled."""
-    stopped = 0
+    stopped = []
     for r in _records():
         if (tb is None or r.pid == tb.pid) and r.is_ours():
             try:
@@ -200,8 +204,14 @@ def stop(tb: TensorBoard | None = None) -> int:
                     os.killpg(r.pid, signal.SIGTERM)
                 else:
                     os.kill(r.pid, signal.SIGTERM)
-                stopped += 1
+                stopped.append(r.pid)
             except OSError:
                 pass
     _save([r for r in _records() if tb is not None and r.pid != tb.pid])
-    return stopped
+    for pid in stopped:
+        if pid in _CHILDREN:
+            try:
+                _CHILDREN.pop(pid).wait(timeout=5)  # reap it: no zombie left behind in the kernel
+            except subprocess.TimeoutExpired:
+                pass
+    return len(stopped)

@@ -37,6 +37,8 @@ def main() -> int:
     ddp = [  # name, GPUs, overrides, seconds it may take (compilation included)
         ("ddp_graph", n, dict(DDP, **GRAPH), 55),
         ("ddp_graph_b1024", n, dict(DDP, **GRAPH, **B1024), 55),
+        ("ddp_graph_bf16grads", n, dict(DDP, **GRAPH, ddp_grad_dtype="bf16"), 55),
+        ("ddp_graph_b1024_bf16grads", n, dict(DDP, **GRAPH, **B1024, ddp_grad_dtype="bf16"), 55),
         ("ddp_graph_2gpu", 2, dict(DDP, **GRAPH), 50),
         ("ddp_ro_flat", n, dict(DDP, **RO, ddp_sync="flat"), 55),
         ("ddp_graph_traced", n, dict(DDP, **GRAPH, **TRACE_RANK0), 60),
@@ -47,14 +49,20 @@ def main() -> int:
         ("ddp_graph_2gpu_b1024", 2, dict(DDP, **GRAPH, **B1024), 55),
         ("ddp_ro_inner", n, dict(DDP, **RO, ddp_sync="hooks", ddp_compile="inner"), 55),
     ]
+    only = [c for c in os.environ.get("PROBE_CASES", "").split(",") if c]  # a subset, by name (singles always run)
+    unknown = set(only) - {c[0] for c in ddp}
+    if unknown:
+        raise SystemExit(f"PROBE_CASES names no case {sorted(unknown)}; the cases: {', '.join(c[0] for c in ddp)}")
     for name, gpus, overrides, estimate in ddp:
-        cases.run(name, gpus, overrides, estimate)
+        if not only or name in only:
+            cases.run(name, gpus, overrides, estimate)
 
     singles = best_singles(cases.records)
     device = next((r["device"] for r in cases.records if "device" in r), "?")
     text = table(cases.records, singles, device)
     print("\n" + text, flush=True)
-    traced = [f"runs/gpu/ddp_probe/{c}" for c in ("ddp_graph_traced", "ddp_ro_split")]
+    traced = [f"runs/gpu/ddp_probe/{c}" for c in ("ddp_graph_traced", "ddp_ro_split")
+              if cases.get(c).get("status") == "ok"]
     traces = summarize_traces(traced, OUT / "traces.txt")
     pack_traces(traced, OUT / "traces.tar.gz")
     print("\nper-rank traces (ms per profiled step; NCCL kernels per step; NCCL time hidden under compute):")
@@ -80,11 +88,23 @@ def main() -> int:
             eff = efficiency(r, singles.get(r["overrides"].get("batch_size", 256)))
             if r["gpus"] > 1 and eff is not None:
                 figures[f"{r['case']}_efficiency"] = round(eff, 3)
+    figures.update(trace_figures(traces))
     # notebook 05 shows these (copy $OUT/05_ddp_probe.json to notebooks/reference/)
-    reference.write("05_ddp_probe", figures, script="scripts/gpu/ddp_probe.sh" + (" (CPU test mode)" if CPU else ""),
+    reference.write(os.environ.get("PROBE_REF", "05_ddp_probe"), figures, script="scripts/gpu/ddp_probe.sh" + (" (CPU test mode)" if CPU else ""),
                     folder=OUT, **(dict(card="CPU", gpus=0, torch_version="cpu-test") if CPU else {}))
     print(f"\nwrote {', '.join(sorted(p.name for p in OUT.iterdir()))} to {OUT}")
     return 0 if any("img_s" in r for r in cases.records) else 1
+
+
+def trace_figures(traces: list[dict]) -> dict:
+    """Per traced rank: the step's parts in ms and the NCCL time per step (exposed and hidden), for notebook 05."""
+    out = {}
+    for t in traces:
+        key = f"{t['run'].split('/')[-1]}_{t['worker']}"
+        out[f"{key}_parts_ms"] = {k: round(v, 3) for k, v in t["parts_ms"].items()}
+        out[f"{key}_nccl_ms_per_step"] = round(t["nccl_ms_per_step"], 3)
+        out[f"{key}_nccl_hidden_ms_per_step"] = round(t["nccl_hidden_ms_per_step"], 3)
+    return out
 
 
 if __name__ == "__main__":
