@@ -162,7 +162,7 @@ def average_gradients(params: list, env: DistEnv, dtype: torch.dtype | None = No
     (ddp_grad_dtype=bf16): the buffer travels in that dtype, half the bytes of fp32 and rounded, as DDP's
     bf16_compress_hook does."""
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([in_memory_order(g) for g in grads])
+    flat = flatten(grads)
     sent = flat.to(dtype) if dtype is not None and dtype != flat.dtype else flat
     if env.backend == "nccl":
         dist.all_reduce(sent, op=dist.ReduceOp.AVG)  # NCCL averages as it sums: no extra pass over the buffer
@@ -171,8 +171,8 @@ def average_gradients(params: list, env: DistEnv, dtype: torch.dtype | None = No
         sent.div_(env.world_size)
     if sent is not flat:
         flat.copy_(sent)
-    for p, g, part in zip(params, grads, flat.split([g.numel() for g in grads])):
-        p.grad = part.as_strided(g.size(), g.stride())  # channels_last stays channels_last
+    for p, view in zip(params, views_of(flat, grads)):
+        p.grad = view
 
 
 @torch.no_grad()
@@ -183,10 +183,20 @@ def broadcast_(tensors: list, env: DistEnv, src: int = 0) -> None:
     for t in tensors:
         by_dtype.setdefault(t.dtype, []).append(t)
     for group in by_dtype.values():
-        flat = torch.cat([in_memory_order(t) for t in group])
+        flat = flatten(group)
         dist.broadcast(flat, src)
-        for t, part in zip(group, flat.split([t.numel() for t in group])):
-            t.copy_(part.as_strided(t.size(), t.stride()))
+        for t, view in zip(group, views_of(flat, group)):
+            t.copy_(view)
+
+
+def flatten(tensors: list) -> torch.Tensor:
+    """One 1-D buffer holding `tensors` one after the other, each in the order it lies in memory."""
+    return torch.cat([in_memory_order(t) for t in tensors])
+
+
+def views_of(flat: torch.Tensor, like: list) -> list:
+    """Views of `flat` (from flatten(like)) with each tensor's size and strides: channels_last stays channels_last."""
+    return [part.as_strided(t.size(), t.stride()) for t, part in zip(like, flat.split([t.numel() for t in like]))]
 
 
 def in_memory_order(t: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from . import data, distributed, models, peaks, profiling, stepgraph
-from .meters import LossLog, StepClock, timing_fields
+from .meters import COMPILE_WARMUP, LossLog, StepClock, timing_fields, untimed_steps  # noqa: F401
 from .precision import (SkippedSteps, autocast, backend_flags, grad_scaler, set_cudnn_benchmark,  # noqa: F401
                         set_precision_flags)  # tl.engine.set_precision_flags: notebook 01
 from .checkpoint import OutDirLock, StopSignals, make_out_dir, read_checkpoint, write_checkpoint
@@ -31,7 +31,6 @@ from .results import Result, load_result
 # The CLI's exit code after SIGUSR1 (Slurm's warning before the time limit) or SIGTERM (scancel, a time limit
 # without --signal): the checkpoint is written; run the same command again to continue.
 EXIT_PREEMPTED = 3
-COMPILE_WARMUP = 3  # untimed steps at least, with compile=true: step 1 compiles, reduce-overhead records graphs in 2-3
 OPTIMIZER_IMPLS = {"auto": {}, "fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
 
 
@@ -244,11 +243,8 @@ class Run:
                     log(env, f"{self.out} holds a finished run ({self.step} steps; result.json kept); "
                              "resume=false trains it again from step 0, a larger steps= continues it")
                     return load_result(self.out)
-                warmup = max(0, cfg.timing_warmup - self.step)
-                if cfg.compile or self.graphed:  # the first steps compile and record: never timed
-                    warmup = max(warmup, COMPILE_WARMUP, stepgraph.WARMUP_STEPS + 1 if self.graphed else 0)
-                self.clock = StepClock(self.device, warmup=warmup, time_first=cfg.compile,
-                                       prior=self.prior_timing)
+                self.clock = StepClock(self.device, warmup=untimed_steps(cfg, cfg.timing_warmup - self.step),
+                                       time_first=cfg.compile, prior=self.prior_timing)
                 self.loop(self.clock)
                 self.check_stop()  # a signal during the last steps
                 if cfg.ckpt_every or self.resumed_from is not None:  # a checkpoint that exists shows the end

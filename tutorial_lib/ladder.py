@@ -159,16 +159,13 @@ def bare_loop(cfg: TrainConfig) -> Result:
     import torch
     import torch.nn.functional as F
 
-    from . import data, engine, models, peaks, stepgraph
-    from .meters import StepClock, timing_fields
+    from . import data, engine, models, peaks
+    from .meters import StepClock, timing_fields, untimed_steps
     from .precision import autocast
 
     with engine.prepared_run(cfg) as r:
         model, opt, batches = r.model, r.opt, r.batches()
-        warmup = cfg.timing_warmup  # as Run.fit: never time the steps that compile or record
-        if cfg.compile or cfg.cuda_graph:
-            warmup = max(warmup, engine.COMPILE_WARMUP, stepgraph.WARMUP_STEPS + 1 if cfg.cuda_graph else 0)
-        clock = StepClock(r.device, warmup, time_first=cfg.compile)
+        clock = StepClock(r.device, untimed_steps(cfg, cfg.timing_warmup), time_first=cfg.compile)
         clock.start()
         for _ in range(cfg.steps):
             x, y = next(batches)

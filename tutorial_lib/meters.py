@@ -8,7 +8,21 @@ import time
 
 import torch
 
-from . import distributed
+from . import distributed, stepgraph
+from .config import TrainConfig
+
+COMPILE_WARMUP = 3  # untimed steps at least, with compile=true: step 1 compiles, reduce-overhead records graphs in 2-3
+
+
+def untimed_steps(cfg: TrainConfig, warmup: int) -> int:
+    """The steps left out of the timing: `warmup`, and at least the steps that compile (compile=true) and
+    record the graph (cuda_graph=true), whatever timing_warmup says."""
+    warmup = max(0, warmup)
+    if cfg.compile:
+        warmup = max(warmup, COMPILE_WARMUP)
+    if cfg.cuda_graph:
+        warmup = max(warmup, stepgraph.WARMUP_STEPS + 1)
+    return warmup
 
 
 def percentile(values: list[float], q: float) -> float:
