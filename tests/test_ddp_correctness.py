@@ -70,6 +70,7 @@ def test_a_stop_flag_on_one_rank_reaches_every_rank_at_the_same_vote():
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     expected = "[False, False, False, True, False]"
     assert f"rank 0 read {expected}" in p.stdout and f"rank 1 read {expected}" in p.stdout, p.stdout
+    assert "rank 0 settled True" in p.stdout and "rank 1 settled True" in p.stdout, p.stdout
 
 
 @pytest.mark.parametrize("sync", ["ddp_sync=hooks", "cuda_graph=true"])

@@ -237,3 +237,11 @@ class StopVote:
         else:
             self.pending = (t, work)
         return seen
+
+    def settle(self) -> None:
+        """Wait for the last vote cast, whose answer nobody reads: no collective may still be in flight when the
+        process group is torn down (a gloo rank was seen to abort at exit, after its run had finished)."""
+        if self.pending is not None:
+            _, done = self.pending
+            done.synchronize() if isinstance(done, torch.cuda.Event) else done.wait()
+            self.pending = None

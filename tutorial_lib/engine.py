@@ -302,9 +302,11 @@ class Run:
                         self.save_checkpoint()
                     if cfg.eval_every and self.step % cfg.eval_every == 0 and self.periodic_eval():
                         break  # target_accuracy reached (the same accuracy on every rank: all-reduced)
+            vote.settle()
             self.loss_log.ship(self.step)
             report(wait=True)
         except Preempted:
+            vote.settle()
             self.loss_log.ship(self.step)
             report(wait=True)
             raise
