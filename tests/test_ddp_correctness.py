@@ -1,6 +1,6 @@
 """DDP computes the gradient of the global batch: 2 ranks with batch b each (gloo, CPU) give the gradients, and
 after one SGD step the parameters, of one process with batch 2b, with DDP's hooks, with the engine's flat
-all-reduce (ddp_sync) and with its DDP by hand (cuda_graph=true); gradient accumulation with no_sync gives them too; and the ranks' parameters stay
+all-reduce (ddp_sync) and with its DDP by hand (cuda_graph=true, in one piece or in buckets); gradient accumulation with no_sync gives them too; and the ranks' parameters stay
 identical.
 
 Why the model runs in eval mode: the equality holds when the loss is a mean of per-sample terms. In training
@@ -43,11 +43,13 @@ def single(tmp_path_factory):
     return one_step(tmp_path_factory.mktemp("single") / "b8", batch=8)[0]
 
 
-@pytest.mark.parametrize("sync", ["ddp_sync=hooks", "ddp_sync=flat", "cuda_graph=true"])
+@pytest.mark.parametrize("sync", ["ddp_sync=hooks", "ddp_sync=flat", "cuda_graph=true",
+                                  "cuda_graph=true ddp_sync=buckets"])
 def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(tmp_path, single, sync):
     """hooks: DDP's bucket all-reduces during the backward pass; flat: one all-reduce after it; cuda_graph: no
-    DDP module, the engine's recorded step broadcasts and all-reduces by hand (on a CPU it runs unrecorded)."""
-    ranks = one_step(tmp_path / "ddp", 4, 1, 2, sync)
+    DDP module, the engine's recorded step broadcasts and all-reduces by hand (on a CPU it runs unrecorded),
+    in one piece or (ddp_sync=buckets) bucket by bucket during the backward pass."""
+    ranks = one_step(tmp_path / "ddp", 4, 1, 2, *sync.split())
     assert_close(ranks[0]["grads"], single["grads"], "DDP gradients vs one process")
     assert_close(ranks[0]["params"], single["params"], "parameters after one step")
     for name, p in ranks[0]["params"].items():
@@ -73,11 +75,11 @@ def test_a_stop_flag_on_one_rank_reaches_every_rank_at_the_same_vote():
     assert "rank 0 settled True" in p.stdout and "rank 1 settled True" in p.stdout, p.stdout
 
 
-@pytest.mark.parametrize("sync", ["ddp_sync=hooks", "cuda_graph=true"])
+@pytest.mark.parametrize("sync", ["ddp_sync=hooks", "cuda_graph=true", "cuda_graph=true ddp_sync=buckets"])
 def test_bf16_gradient_all_reduce_rounds_but_stays_close(tmp_path, single, sync):
     """ddp_grad_dtype=bf16: the gradients travel in bf16 (DDP's bf16_compress_hook, or the flat buffer cast):
     not equal to the fp32 average (the knob does something), within bf16's rounding of it, same on every rank."""
-    ranks = one_step(tmp_path / "bf16", 4, 1, 2, sync, "ddp_grad_dtype=bf16")
+    ranks = one_step(tmp_path / "bf16", 4, 1, 2, *sync.split(), "ddp_grad_dtype=bf16")
     worst = max((ranks[0]["grads"][k] - single["grads"][k]).abs().max().item()
                 / (single["grads"][k].abs().max().item() + 1e-12) for k in single["grads"])
     assert 0 < worst < 1e-2, f"bf16 all-reduce vs fp32: largest relative difference {worst:.2e}"

@@ -93,7 +93,7 @@ SCHEDULES = ("constant", "cosine")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 LOADERS = ("dataloader", "prefetcher", "gpu_resident")
 DDP_COMPILE = ("split", "whole", "inner")
-DDP_SYNC = ("auto", "hooks", "flat")
+DDP_SYNC = ("auto", "hooks", "flat", "buckets")
 GRAD_DTYPES = ("fp32", "bf16")
 CHOICES = {"dataset": DATASETS, "model": MODELS, "precision": PRECISIONS, "parallel": PARALLEL, "device": DEVICES,
            "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "compile_mode": COMPILE_MODES, "loader": LOADERS,
@@ -137,7 +137,8 @@ class TrainConfig:
     grad_sync: bool = True  # false: ranks train apart, no gradient all-reduce (the gap to true is communication)
     ddp_broadcast_buffers: bool = True  # copy rank 0's buffers (BatchNorm running stats) to every rank each forward
     ddp_compile: str = "split"  # compile=true with DDP: split (graph cut at buckets), whole (one graph), inner (compile, then wrap; cut)
-    ddp_sync: str = "auto"  # gradient all-reduce: hooks (DDP's buckets, during backward), flat (one, after it), auto (flat with CUDA graphs)
+    ddp_sync: str = "auto"  # gradient all-reduce: hooks (DDP's buckets, during backward), flat (one, after it),
+    # buckets (cuda_graph=true's own buckets, during backward: tutorial_lib.buckets), auto (flat with CUDA graphs)
     ddp_grad_dtype: str = "fp32"  # dtype the gradients are all-reduced in: fp32, or bf16 (half the bytes, rounded)
     sync_batchnorm: bool = False  # DDP: BatchNorm statistics over the global batch (SyncBatchNorm; GPUs only)
     grad_accum_steps: int = 1  # micro-batches per optimizer step (DDP all-reduces only on the last: no_sync)
@@ -211,6 +212,7 @@ class TrainConfig:
         self.profile_rank_set()
         if self.cuda_graph:
             self.check_cuda_graph()
+        self.check_buckets()
         if self.model == "mnist_cnn" and self.dataset not in ("mnist",):
             raise ConfigError(f"model='mnist_cnn' expects 1x28x28 images but dataset={self.dataset!r}; "
                               "use dataset=mnist, or model=resnet18 for 3x32x32 data")
@@ -257,6 +259,11 @@ class TrainConfig:
         for bad, what, fix in clash:
             if bad:
                 raise ConfigError(f"cuda_graph=true does not work with {what}; use {fix}, or cuda_graph=false")
+
+    def check_buckets(self) -> None:
+        if self.ddp_sync == "buckets" and not self.cuda_graph:
+            raise ConfigError("ddp_sync=buckets is the whole-step CUDA graph's own bucketed all-reduce and needs "
+                              "cuda_graph=true; without it use ddp_sync=hooks (DDP's buckets do the same)")
 
     def workers(self) -> int:
         """DataLoader workers of this process: num_workers, or for auto the workbook's rule on its CPUs."""

@@ -161,18 +161,29 @@ def average_gradients(params: list, env: DistEnv, dtype: torch.dtype | None = No
     gradient into its bucket. Each .grad becomes a view of the buffer, in the layout it had. `dtype`
     (ddp_grad_dtype=bf16): the buffer travels in that dtype, half the bytes of fp32 and rounded, as DDP's
     bf16_compress_hook does."""
+    start_average(params, env, dtype)()
+
+
+def start_average(params: list, env: DistEnv, dtype: torch.dtype | None = None):
+    """Start averaging the gradients of `params` (one flat buffer, all-reduced without waiting for it) and
+    return the function that waits for it and makes each .grad a view of the result. On a GPU the wait only
+    orders the streams: the caller's kernels queued after it run once the all-reduce is done, and the
+    kernels queued before it (the rest of the backward pass) run alongside it (tutorial_lib.buckets)."""
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = flatten(grads)
     sent = flat.to(dtype) if dtype is not None and dtype != flat.dtype else flat
-    if env.backend == "nccl":
-        dist.all_reduce(sent, op=dist.ReduceOp.AVG)  # NCCL averages as it sums: no extra pass over the buffer
-    else:
-        dist.all_reduce(sent)  # gloo has no AVG
-        sent.div_(env.world_size)
-    if sent is not flat:
-        flat.copy_(sent)
-    for p, view in zip(params, views_of(flat, grads)):
-        p.grad = view
+    average = env.backend == "nccl"  # NCCL averages as it sums: no extra pass over the buffer; gloo has no AVG
+    work = dist.all_reduce(sent, op=dist.ReduceOp.AVG if average else dist.ReduceOp.SUM, async_op=True)
+
+    def land() -> None:
+        work.wait()
+        if not average:
+            sent.div_(env.world_size)
+        if sent is not flat:
+            flat.copy_(sent)
+        for p, view in zip(params, views_of(flat, grads)):
+            p.grad = view
+    return land
 
 
 @torch.no_grad()

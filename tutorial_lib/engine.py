@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from . import data, distributed, models, peaks, profiling, stepgraph
+from . import buckets, data, distributed, models, peaks, profiling, stepgraph
 from .meters import COMPILE_WARMUP, LossLog, StepClock, timing_fields, untimed_steps  # noqa: F401
 from .precision import (SkippedSteps, autocast, backend_flags, grad_scaler, set_cudnn_benchmark,  # noqa: F401
                         set_precision_flags)  # tl.engine.set_precision_flags: notebook 01
@@ -116,8 +116,14 @@ class Run:
         cfg, env = self.cfg, self.env
         self.ddp = None
         self.flat_sync = cfg.parallel == "ddp" and cfg.flat_grad_sync()
+        self.buckets = None
         if cfg.cuda_graph and env.distributed:  # DDP by hand: the graph holds the gradient all-reduce itself
             distributed.broadcast_(list(net.parameters()) + list(net.buffers()), env)  # rank 0's start, as DDP's
+            if cfg.grad_sync and cfg.ddp_sync == "buckets":  # all-reduces that overlap the backward pass
+                self.buckets = buckets.GradBuckets(net, env, cfg.ddp_bucket_cap_mb, self.grad_dtype())
+                if cfg.compile:  # one compiled model would hand back every gradient at its very end
+                    buckets.compile_parts(net, cfg.compile_mode)
+                    return net
         elif cfg.parallel == "ddp" and cfg.grad_sync:  # grad_sync=false: no DDP, ranks train apart (notebook 06)
             if cfg.sync_batchnorm:
                 net = self.raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(net)
@@ -208,17 +214,24 @@ class Run:
             distributed.broadcast_(list(self.raw_model.buffers()), self.env)
         with autocast(self.cfg, self.device):
             loss = F.cross_entropy(self.model(x), y)
+        if self.buckets is not None:
+            self.buckets.start()
         loss.backward()
         if self.flat_sync:
             self.sync_gradients()
+        elif self.buckets is not None:  # the buckets started during the backward pass; wait for them
+            self.buckets.finish()
         self.opt.step()
         return loss.detach()
+
+    def grad_dtype(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.cfg.ddp_grad_dtype == "bf16" else None
 
     def sync_gradients(self) -> None:
         """ddp_sync=flat: the backward pass ran inside no_sync() (no DDP hooks); average the gradients now."""
         with profiling.nvtx_range("gradient all-reduce", self.cfg.nvtx):
             distributed.average_gradients([p for p in self.raw_model.parameters() if p.requires_grad], self.env,
-                                          torch.bfloat16 if self.cfg.ddp_grad_dtype == "bf16" else None)
+                                          self.grad_dtype())
 
     # ------------------------------------------------------------------ the loop
     def batches(self):

@@ -15,6 +15,7 @@ from tutorial_lib import reference  # noqa: E402
 
 RO = dict(compile=True, compile_mode="reduce-overhead")
 GRAPH = dict(compile=True, cuda_graph=True)  # the whole step as one CUDA graph, compile_mode=default inside it
+BUCKETS = dict(ddp_sync="buckets")  # the graph's own buckets, all-reduced during the backward pass
 B1024 = dict(batch_size=1024, steps=120, timing_warmup=40)
 DDP = dict(parallel="ddp")
 TRACE_ALL = dict(profile=True, profile_ranks="all", profile_wait=150, profile_active=3, profile_memory=False,
@@ -36,6 +37,15 @@ def main() -> int:
     print(f"== DDP on {n} GPUs, batch 256 per GPU unless named", flush=True)
     ddp = [  # name, GPUs, overrides, seconds it may take (compilation included)
         ("ddp_graph", n, dict(DDP, **GRAPH), 55),
+        ("ddp_graph_buckets", n, dict(DDP, **GRAPH, **BUCKETS), 60),
+        ("ddp_graph_buckets_b1024", n, dict(DDP, **GRAPH, **BUCKETS, **B1024), 60),
+        ("ddp_graph_buckets_bf16grads", n, dict(DDP, **GRAPH, **BUCKETS, ddp_grad_dtype="bf16"), 60),
+        ("ddp_graph_buckets_traced", n, dict(DDP, **GRAPH, **BUCKETS, **TRACE_RANK0), 65),
+        ("ddp_graph_buckets_b1024_bf16grads", n, dict(DDP, **GRAPH, **BUCKETS, **B1024, ddp_grad_dtype="bf16"), 60),
+        ("ddp_graph_buckets_eager", n, dict(DDP, cuda_graph=True, **BUCKETS), 40),
+        ("ddp_graph_eager", n, dict(DDP, cuda_graph=True), 40),
+        ("ddp_graph_buckets_cap8", n, dict(DDP, **GRAPH, **BUCKETS, ddp_bucket_cap_mb=8), 60),
+        ("ddp_graph_buckets_2gpu", 2, dict(DDP, **GRAPH, **BUCKETS), 55),
         ("ddp_graph_b1024", n, dict(DDP, **GRAPH, **B1024), 55),
         ("ddp_graph_bf16grads", n, dict(DDP, **GRAPH, ddp_grad_dtype="bf16"), 55),
         ("ddp_graph_b1024_bf16grads", n, dict(DDP, **GRAPH, **B1024, ddp_grad_dtype="bf16"), 55),
@@ -44,7 +54,6 @@ def main() -> int:
         ("ddp_graph_traced", n, dict(DDP, **GRAPH, **TRACE_RANK0), 60),
         ("ddp_ro_split", n, dict(DDP, **RO, ddp_sync="hooks", ddp_compile="split", **TRACE_ALL), 75),
         ("ddp_ro_whole", n, dict(DDP, **RO, ddp_sync="hooks", ddp_compile="whole"), 60),
-        ("ddp_graph_eager", n, dict(DDP, cuda_graph=True), 40),
         ("ddp_eager", n, dict(DDP), 25),
         ("ddp_graph_2gpu_b1024", 2, dict(DDP, **GRAPH, **B1024), 55),
         ("ddp_ro_inner", n, dict(DDP, **RO, ddp_sync="hooks", ddp_compile="inner"), 55),
@@ -61,7 +70,7 @@ def main() -> int:
     device = next((r["device"] for r in cases.records if "device" in r), "?")
     text = table(cases.records, singles, device)
     print("\n" + text, flush=True)
-    traced = [f"runs/gpu/ddp_probe/{c}" for c in ("ddp_graph_traced", "ddp_ro_split")
+    traced = [f"runs/gpu/ddp_probe/{c}" for c in ("ddp_graph_traced", "ddp_graph_buckets_traced", "ddp_ro_split")
               if cases.get(c).get("status") == "ok"]
     traces = summarize_traces(traced, OUT / "traces.txt")
     pack_traces(traced, OUT / "traces.tar.gz")
