@@ -60,10 +60,13 @@ def compile_parts(net: nn.Module, mode: str) -> None:
     """torch.compile each top-level part of `net` that has parameters, in place (nn.Module.compile: the
     state_dict keeps its names). One compiled model hands all its gradients back at the end of its backward
     pass, leaving nothing to overlap; compiled part by part, layer4's gradients are ready while layer3 is
-    still being differentiated."""
+    still being differentiated. Each part is one more entry in Dynamo's cache of the same code (the ResNet's
+    eight blocks are eight), so its limit is raised; dynamic=False keeps every entry specialised to its shapes
+    (after a few recompiles Dynamo would otherwise switch to slower shape-generic kernels)."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     for module in net.children():
         if any(p.requires_grad for p in module.parameters()):
-            module.compile(mode=mode)
+            module.compile(mode=mode, dynamic=False)
 
 
 class GradBuckets:
