@@ -9,10 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddp_cases import CPU, OUT, Cases, best_singles, efficiency, summarize_traces, table  # noqa: E402
 
-from tutorial_lib import reference, trace_summary  # noqa: E402
+from tutorial_lib import intervals, reference, trace_summary  # noqa: E402
 
 B = 256  # per GPU, every case unless named
 DDP = dict(parallel="ddp")
@@ -106,10 +108,21 @@ def main() -> int:
     budget = float(os.environ.get("BUDGET", 1500 if CPU else 430))
     cases = Cases("dp_vs_ddp", budget, OUT / "dp_vs_ddp.log")
     n4, n2 = (2, 2) if CPU else (4, 2)
-    print(f"== 1 GPU, four cases at once (one per GPU); budget {budget:.0f} s", flush=True)
-    cases.run_together([("1gpu_eager", 1, {}), ("1gpu_fast", 1, FAST),
-                        ("1gpu_fast_b1024", 1, dict(FAST, batch_size=1024, steps=120, timing_warmup=40)),
-                        ("1gpu_eager_b1024", 1, dict(batch_size=1024, steps=120, timing_warmup=40))], estimate_s=50)
+    # a node of 2 GPUs (or KNOBS_ONLY=1): the 1-GPU baselines at batch 256, then the 2-GPU cases one at a time
+    two = not CPU and (os.environ.get("KNOBS_ONLY") == "1" or torch.cuda.device_count() < 4)
+    singles = [("1gpu_eager", 1, {}), ("1gpu_fast", 1, FAST),
+               ("1gpu_fast_b1024", 1, dict(FAST, batch_size=1024, steps=120, timing_warmup=40)),
+               ("1gpu_eager_b1024", 1, dict(batch_size=1024, steps=120, timing_warmup=40))]
+    print(f"== 1 GPU, {2 if two else 4} cases at once (one per GPU); budget {budget:.0f} s", flush=True)
+    cases.run_together(singles[:2] if two else singles, estimate_s=50)
+    if two:
+        print("== 2 GPUs only: DataParallel, DDP and DDP's knobs one case at a time (the 4-GPU cases need 4 GPUs)")
+        for name, gpus, overrides in [c for pair in two_gpu_rounds(n2) for c in pair]:
+            if name == "dp_2gpu":  # traced here: its step decomposed, as dp_4gpu's is on 4 GPUs
+                monitored(cases, name, gpus, dict(overrides, **TRACE), 50)
+            else:
+                cases.run(name, gpus, overrides, 45)
+        return report(cases)
     print(f"== DataParallel and DDP on {n4} GPUs, batch {B} per GPU (DataParallel: batch {B} x GPUs in its one process)")
     plan = [  # (name, overrides, seconds it may take, monitored); the engine's defaults unless named
         ("ddp_fast_4gpu", {**DDP, **FAST, **TRACE, "profile_ranks": "0"}, 50, True),
@@ -126,15 +139,7 @@ def main() -> int:
         else:
             cases.run(name, n4, overrides, estimate, **kw)
     print("== on 2 GPUs, two cases at once (GPUs 0-1 and 2-3): DataParallel, DDP, and DDP's knobs (eager)")
-    rounds = [[("dp_2gpu", n2, dict(parallel="dp", batch_size=B * n2, steps=150, timing_warmup=30)),
-               ("ddp_eager_2gpu", n2, dict(DDP))],
-              [("ddp_fast_2gpu", n2, dict(DDP, **FAST)), ("knob_grad_accum_steps=4", n2, dict(DDP, grad_accum_steps=4))],
-              [("knob_sync_batchnorm=true", n2, dict(DDP, sync_batchnorm=True)),
-               ("knob_bucket_cap_mb=1", n2, dict(DDP, ddp_bucket_cap_mb=1))],
-              [("knob_bucket_cap_mb=100", n2, dict(DDP, ddp_bucket_cap_mb=100)),
-               ("knob_broadcast_buffers=false", n2, dict(DDP, ddp_broadcast_buffers=False))],
-              [("knob_gradient_as_bucket_view=false", n2, dict(DDP, ddp_gradient_as_bucket_view=False)),
-               ("knob_static_graph=true", n2, dict(DDP, ddp_static_graph=True))]]
+    rounds = two_gpu_rounds(n2)
     for pair in rounds:
         if CPU:  # SyncBatchNorm has no CPU kernel
             for name, gpus, overrides in [c for c in pair if c[2].get("sync_batchnorm")]:
@@ -144,6 +149,19 @@ def main() -> int:
         watch = Monitor(Path(f"runs/gpu/dp_vs_ddp/{pair[0][0]}.smi.csv")) if pair[0][0] == "dp_2gpu" else None
         cases.run_together(pair, estimate_s=45, monitor=watch)
     return report(cases)
+
+
+def two_gpu_rounds(n2: int) -> list:
+    """DataParallel, DDP and DDP's knobs (eager) on 2 GPUs, in pairs that can run at once on a 4-GPU node."""
+    return [[("dp_2gpu", n2, dict(parallel="dp", batch_size=B * n2, steps=150, timing_warmup=30)),
+             ("ddp_eager_2gpu", n2, dict(DDP))],
+            [("ddp_fast_2gpu", n2, dict(DDP, **FAST)), ("knob_grad_accum_steps=4", n2, dict(DDP, grad_accum_steps=4))],
+            [("knob_sync_batchnorm=true", n2, dict(DDP, sync_batchnorm=True)),
+             ("knob_bucket_cap_mb=1", n2, dict(DDP, ddp_bucket_cap_mb=1))],
+            [("knob_bucket_cap_mb=100", n2, dict(DDP, ddp_bucket_cap_mb=100)),
+             ("knob_broadcast_buffers=false", n2, dict(DDP, ddp_broadcast_buffers=False))],
+            [("knob_gradient_as_bucket_view=false", n2, dict(DDP, ddp_gradient_as_bucket_view=False)),
+             ("knob_static_graph=true", n2, dict(DDP, ddp_static_graph=True))]]
 
 
 def report(cases: Cases) -> int:
@@ -168,14 +186,17 @@ def report(cases: Cases) -> int:
                 figures[f"{r['case']}_{key}"] = r[key]
         if r.get("peak_memory_mb"):
             figures[f"{r['case']}_peak_allocated_mb"] = round(r["peak_memory_mb"], 1)
-    try:
-        dp = dp_parts("runs/gpu/dp_vs_ddp/dp_4gpu")
-        figures.update({f"dp_4gpu_{k}": v for k, v in dp.items()})
-        measured = figures.get("dp_4gpu_step_ms")
-        if measured:
-            figures["dp_4gpu_parts_sum_over_measured"] = round(sum(dp["parts_ms"].values()) / measured, 3)
-    except Exception as e:  # no trace (skipped or failed case): the table still stands
-        print(f"DataParallel trace: no decomposition ({type(e).__name__}: {e})")
+    for dp_case in ("dp_4gpu", "dp_2gpu"):
+        if not cases.get(dp_case).get("overrides", {}).get("profile"):
+            continue
+        try:
+            dp = dp_parts(f"runs/gpu/dp_vs_ddp/{dp_case}")
+            figures.update({f"{dp_case}_{k}": v for k, v in dp.items()})
+            measured = figures.get(f"{dp_case}_step_ms")
+            if measured:
+                figures[f"{dp_case}_parts_sum_over_measured"] = round(sum(dp["parts_ms"].values()) / measured, 3)
+        except Exception as e:  # no trace (skipped or failed case): the table still stands
+            print(f"DataParallel trace of {dp_case}: no decomposition ({type(e).__name__}: {e})")
     for t in traces:
         key = f"{t['run'].split('/')[-1]}_{t['worker']}"
         figures[f"{key}_allreduce_calls_per_step"] = round(t["allreduce_calls_per_step"], 2)
@@ -185,8 +206,8 @@ def report(cases: Cases) -> int:
         figures[f"{key}_comm_exposed_ms"] = round(t["parts_ms"]["comm"], 3)
         figures[f"{key}_step_parts_ms"] = {k: round(v, 3) for k, v in t["parts_ms"].items()}
     print("\n" + text)
-    print("\nDataParallel's step on 4 GPUs, from its trace (ms per step):",
-          json.dumps({k: v for k, v in figures.items() if k.startswith("dp_4gpu_") and "parts" in k or "busy" in k},
+    print("\nDataParallel's step, from its trace (ms per step):",
+          json.dumps({k: v for k, v in figures.items() if k.startswith("dp_") and "parts" in k or "busy" in k},
                      indent=1))
     (OUT / "dp_vs_ddp.txt").write_text(text + "\n")
     (OUT / "dp_vs_ddp.json").write_text(json.dumps({"cases": cases.records, "traces": traces}, indent=1,
@@ -195,7 +216,7 @@ def report(cases: Cases) -> int:
         reference.write("05_dp_vs_ddp", figures, script="scripts/gpu/dp_vs_ddp.sh (CPU test mode)", card="CPU",
                         gpus=0, torch_version="cpu-test", folder=OUT)
     else:
-        path = reference.write("05_dp_vs_ddp", figures, script="scripts/gpu/dp_vs_ddp.sh")
+        path = reference.write(os.environ.get("REF", "05_dp_vs_ddp"), figures, script="scripts/gpu/dp_vs_ddp.sh")
         shutil.copy(path, OUT / path.name)
         print(f"wrote {path}")
     print(f"wrote {', '.join(sorted(p.name for p in OUT.iterdir()))} to {OUT}")
