@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddp_cases import CPU, OUT, Cases, best_singles, efficiency, pack_traces, summarize_traces, table  # noqa: E402
 
@@ -27,13 +29,11 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     budget = float(os.environ.get("PROBE_BUDGET", 1200 if CPU else 330))
     cases = Cases("ddp_probe", budget, OUT / "ddp_probe.log")
-    n = 2 if CPU else 4
-    print(f"== 1 GPU, four cases at once (one per GPU); budget {budget:.0f} s", flush=True)
-    cases.run_together([("1gpu_graph_b256", 1, GRAPH),
-                        ("1gpu_reduce-overhead_b256", 1, RO),
-                        ("1gpu_graph_b1024", 1, dict(GRAPH, **B1024)),
-                        ("1gpu_reduce-overhead_b1024", 1, dict(RO, **B1024))],
-                       estimate_s=60)
+    n = 2 if CPU else min(4, torch.cuda.device_count())  # a 2-GPU node: the cases named 4 GPUs run on 2
+    singles = [("1gpu_graph_b256", 1, GRAPH), ("1gpu_reduce-overhead_b256", 1, RO),
+               ("1gpu_graph_b1024", 1, dict(GRAPH, **B1024)), ("1gpu_reduce-overhead_b1024", 1, dict(RO, **B1024))]
+    print(f"== 1 GPU, {min(n, 4)} cases at once (one per GPU); budget {budget:.0f} s", flush=True)
+    cases.run_together(singles[:n] if not CPU else singles, estimate_s=60)
     print(f"== DDP on {n} GPUs, batch 256 per GPU unless named", flush=True)
     ddp = [  # name, GPUs, overrides, seconds it may take (compilation included)
         ("ddp_graph", n, dict(DDP, **GRAPH), 55),
@@ -47,6 +47,7 @@ def main() -> int:
         ("ddp_graph_buckets_cap8", n, dict(DDP, **GRAPH, **BUCKETS, ddp_bucket_cap_mb=8), 60),
         ("ddp_graph_buckets_2gpu", 2, dict(DDP, **GRAPH, **BUCKETS), 55),
         ("ddp_graph_b1024", n, dict(DDP, **GRAPH, **B1024), 55),
+        ("ddp_graph_no_buffer_broadcast", n, dict(DDP, **GRAPH, ddp_broadcast_buffers=False), 55),
         ("ddp_graph_bf16grads", n, dict(DDP, **GRAPH, ddp_grad_dtype="bf16"), 55),
         ("ddp_graph_b1024_bf16grads", n, dict(DDP, **GRAPH, **B1024, ddp_grad_dtype="bf16"), 55),
         ("ddp_graph_2gpu", 2, dict(DDP, **GRAPH), 50),
