@@ -12,7 +12,7 @@ LAYER = {
     "config": 0, "shapes": 0, "intervals": 0, "peaks": 0,
     "results": 1, "checkpoint": 1,
     "sites": 2, "slurm": 2, "meters": 3, "precision": 2, "trace_summary": 2, "reference": 2, "tensorboard": 2, "models": 2, "distributed": 2,
-    "stepgraph": 2,
+    "stepgraph": 2, "buckets": 3,
     "jobs": 3, "imagefolder": 3, "profiling": 3,
     "data": 4,
     "engine": 5,

@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from . import buckets, data, distributed, models, peaks, profiling, stepgraph
-from .meters import COMPILE_WARMUP, LossLog, StepClock, timing_fields, untimed_steps  # noqa: F401
+from .meters import COMPILE_WARMUP, LossLog, StepClock, check_timed, timing_fields, untimed_steps  # noqa: F401
 from .precision import (SkippedSteps, autocast, backend_flags, grad_scaler, set_cudnn_benchmark,  # noqa: F401
                         set_precision_flags)  # tl.engine.set_precision_flags: notebook 01
 from .checkpoint import OutDirLock, StopSignals, make_out_dir, read_checkpoint, write_checkpoint
@@ -52,16 +52,6 @@ def lr_lambda(cfg: TrainConfig, total_steps: int):
         progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     return f
-
-
-def check_timed(cfg: TrainConfig, total_steps: int, per_epoch: int) -> None:
-    """A run must time at least one step after its warm-up, or it has no throughput to report."""
-    if total_steps > cfg.timing_warmup:
-        return
-    steps = f"steps={total_steps}" if cfg.steps else f"epochs={cfg.epochs} x {per_epoch} steps per epoch"
-    raise ConfigError(f"{steps} is not above timing_warmup={cfg.timing_warmup}: no step would be timed and the "
-                      f"run would have no throughput; use steps={cfg.timing_warmup + 10} or more, or a smaller "
-                      "timing_warmup (0 times every step)")
 
 
 def log(env: distributed.DistEnv, msg: str) -> None:
@@ -224,7 +214,7 @@ class Run:
         self.opt.step()
         return loss.detach()
 
-    def grad_dtype(self) -> torch.dtype | None:
+    def grad_dtype(self) -> torch.dtype | None:  # ddp_grad_dtype: what the gradients travel in
         return torch.bfloat16 if self.cfg.ddp_grad_dtype == "bf16" else None
 
     def sync_gradients(self) -> None:

@@ -9,7 +9,7 @@ import time
 import torch
 
 from . import distributed, stepgraph
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 
 COMPILE_WARMUP = 3  # untimed steps at least, with compile=true: step 1 compiles, reduce-overhead records graphs in 2-3
 
@@ -200,3 +200,13 @@ class StepClock:
             return None
         steps = self._steps(self.tick_marks[first], self.tick_marks[last])
         return len(steps) / sum(self._seconds(a, b) for a, b in steps)
+
+
+def check_timed(cfg: TrainConfig, total_steps: int, per_epoch: int) -> None:
+    """A run must time at least one step after its warm-up, or it has no throughput to report."""
+    if total_steps > cfg.timing_warmup:
+        return
+    steps = f"steps={total_steps}" if cfg.steps else f"epochs={cfg.epochs} x {per_epoch} steps per epoch"
+    raise ConfigError(f"{steps} is not above timing_warmup={cfg.timing_warmup}: no step would be timed and the "
+                      f"run would have no throughput; use steps={cfg.timing_warmup + 10} or more, or a smaller "
+                      "timing_warmup (0 times every step)")
