@@ -11,6 +11,8 @@
 #   2 GPUs, two cases at once (GPUs 0-1 and 2-3): DataParallel and DDP eager, DDP compiled, and DDP's knobs
 #     (eager): grad_accum_steps=4 (no_sync), sync_batchnorm, bucket_cap_mb 1 and 100, broadcast_buffers=false,
 #     gradient_as_bucket_view=false, static_graph
+# On a 2-GPU node (or KNOBS_ONLY=1): the 1-GPU eager and compiled cases, then DataParallel (traced: its step
+# decomposed) and the 2-GPU cases one at a time. REF=name writes the reference file under that name.
 # Cases run in that order until the budget (BUDGET s, default 430) would be exceeded; the rest are reported
 # as skipped. About 8 minutes. Writes notebooks/reference/05_dp_vs_ddp.json (tl.reference.write) and, in
 # $OUT: 05_dp_vs_ddp.json (the same file), dp_vs_ddp.txt (the table), dp_vs_ddp.json (every case),
