@@ -75,7 +75,7 @@ def test_a_stop_flag_on_one_rank_reaches_every_rank_at_the_same_vote():
     assert "rank 0 settled True" in p.stdout and "rank 1 settled True" in p.stdout, p.stdout
 
 
-@pytest.mark.parametrize("sync", ["ddp_sync=hooks", "cuda_graph=true", "cuda_graph=true ddp_sync=buckets"])
+@pytest.mark.parametrize("sync", ["ddp_sync=hooks", "cuda_graph=true"])  # buckets share the flat path's cast
 def test_bf16_gradient_all_reduce_rounds_but_stays_close(tmp_path, single, sync):
     """ddp_grad_dtype=bf16: the gradients travel in bf16 (DDP's bf16_compress_hook, or the flat buffer cast):
     not equal to the fp32 average (the knob does something), within bf16's rounding of it, same on every rank."""

@@ -240,3 +240,32 @@ def test_gpu_view_follows_the_gpu_when_it_runs_behind_the_host(tmp_path):
     assert [round(st.step_ms * 1000) for st in s.steps] == [40, 35]
     assert [round(st.parts_ms["compute"] * 1000) for st in s.steps] == [35, 35]
     assert_parts_add_up(s)
+
+
+def test_time_parts_cut_the_step_on_the_host_clock_without_a_profiler(tmp_path):
+    """time_parts=true: the host time of each labelled phase per timed step, in result.json; on a CPU, where the
+    host does all the work, the phases cover nearly all of the step."""
+    res = engine.train(tiny(tmp_path / "parts", steps=10, timing_warmup=2, time_parts=True))
+    parts = dict(res.host_parts_ms)
+    step = parts.pop("step")
+    assert {"forward", "backward", "optimizer", "data wait"} <= set(parts), parts
+    assert 0.8 < sum(parts.values()) / step <= 1.0, res.host_parts_ms
+    assert abs(step / res.step_time_ms["mean"] - 1) < 0.25, (step, res.step_time_ms)
+    assert engine.train(tiny(tmp_path / "off", steps=4, timing_warmup=1)).host_parts_ms is None
+
+
+def test_host_parts_leave_out_the_phases_inside_them():
+    from tutorial_lib.meters import PARTS
+
+    PARTS.enabled = True
+    try:
+        PARTS.reset()
+        with profiling.nvtx_range("outer", False):
+            time.sleep(0.05)
+            with profiling.nvtx_range("inner", False):
+                time.sleep(0.1)
+        parts = PARTS.per_step_ms(1)
+    finally:
+        PARTS.enabled = False
+    assert 40 <= parts["outer"] < 90 and 95 <= parts["inner"] < 150, parts
+    assert parts["step"] >= parts["outer"] + parts["inner"]

@@ -173,6 +173,7 @@ class TrainConfig:
     profile_record_shapes: bool = True  # record operator input shapes
     profile_ranks: str = "all"  # ranks that record traces: all, or a comma list such as 0 or 0,3
     nvtx: bool = False  # NVTX ranges for Nsight Systems (forward, backward, optimizer, ...)
+    time_parts: bool = False  # host time of each of those phases per timed step, in result.json (no profiler)
 
     # ------------------------------------------------------------------ validation
     def __post_init__(self) -> None:
@@ -337,7 +338,7 @@ RESUME_MAY_CHANGE = ("steps", "epochs", "data_dir", "out_dir", "resume", "ckpt_e
                      "prefetch_factor", "device", "dist_timeout_s", "cudnn_benchmark", "compile", "compile_mode",
                      "ddp_bucket_cap_mb", "ddp_static_graph", "ddp_gradient_as_bucket_view", "profile",
                      "profile_wait", "profile_warmup", "profile_active", "profile_repeat", "profile_memory",
-                     "profile_with_stack", "profile_record_shapes", "nvtx")
+                     "profile_with_stack", "profile_record_shapes", "nvtx", "time_parts")
 
 
 def resume_differences(saved: dict[str, Any], cfg: TrainConfig) -> list[str]:

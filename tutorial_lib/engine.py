@@ -247,7 +247,7 @@ class Run:
                              "resume=false trains it again from step 0, a larger steps= continues it")
                     return load_result(self.out)
                 self.clock = StepClock(self.device, warmup=untimed_steps(cfg, cfg.timing_warmup - self.step),
-                                       time_first=cfg.compile, prior=self.prior_timing)
+                                       time_first=cfg.compile, prior=self.prior_timing, parts=cfg.time_parts)
                 self.loop(self.clock)
                 self.check_stop()  # a signal during the last steps
                 if cfg.ckpt_every or self.resumed_from is not None:  # a checkpoint that exists shows the end

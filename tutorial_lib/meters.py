@@ -4,7 +4,9 @@ The engine, the TensorBoard rate and every bench figure use these (notebooks 01 
 from __future__ import annotations
 
 import statistics
+import threading
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -52,7 +54,8 @@ def timing_fields(clock: "StepClock", batch_size: int, env: distributed.DistEnv)
                       "slowest_rank_median": max(distributed.all_gather(median, env)),
                       "slowest_rank_total_s": totals[slowest]},
         data_wait_ms=1000 * waited / len(waits) if waits else 0.0,
-        data_wait_fraction=waited / total if total else nan)
+        data_wait_fraction=waited / total if total else nan,
+        host_parts_ms=PARTS.per_step_ms(clock.timed_steps) if clock.parts and clock.timed_steps else None)
 
 
 class LossLog:
@@ -97,6 +100,46 @@ class LossLog:
         return out
 
 
+class HostParts:
+    """The host time of each labelled phase of the step ("forward", "dp scatter", ...: profiling.nvtx_range),
+    each without the phases inside it, summed from the first timed step on (time_parts=true). A step cut into
+    parts without a profiler, whose own work inflates a DataParallel step by a fifth (notebook 05). Only the
+    loop's thread is timed (DataParallel's replica threads and autograd's are inside its phases)."""
+
+    def __init__(self):
+        self.enabled = False
+        self.reset()
+
+    def reset(self) -> None:
+        self.totals: dict[str, float] = {}
+        self.open: list[float] = []  # per open phase: the time of the phases inside it
+        self.t0 = time.perf_counter()
+
+    @contextmanager
+    def part(self, name: str):
+        if not self.enabled or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        t, depth = time.perf_counter(), len(self.open)
+        self.open.append(0.0)
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - t
+            inner = self.open.pop() if len(self.open) > depth else 0.0  # a reset() inside: nothing to take off
+            self.totals[name] = self.totals.get(name, 0.0) + spent - inner
+            if self.open:
+                self.open[-1] += spent
+
+    def per_step_ms(self, steps: int) -> dict:
+        """ms per timed step: each phase, and the whole host time since the first timed step (`step`)."""
+        out = {k: round(1000 * v / steps, 3) for k, v in sorted(self.totals.items(), key=lambda kv: -kv[1])}
+        return {**out, "step": round(1000 * (time.perf_counter() - self.t0) / steps, 3)}
+
+
+PARTS = HostParts()  # the one the loop's phases report to (profiling.nvtx_range)
+
+
 class StepClock:
     """The one clock of the workbook (the training loop, the TensorBoard rate, every bench figure): a mark at
     the end of each step once `warmup` steps are done (warm-up: cuDNN autotuning, compilation, allocator
@@ -104,8 +147,10 @@ class StepClock:
     CPU (where every op has finished when the step returns). Step times, windows and the total are all
     differences of these marks. Also the host time each timed step waited for its batch."""
 
-    def __init__(self, device: torch.device, warmup: int, time_first: bool = False, prior: dict | None = None):
+    def __init__(self, device: torch.device, warmup: int, time_first: bool = False, prior: dict | None = None,
+                 parts: bool = False):
         self.cuda = device.type == "cuda"
+        PARTS.enabled = self.parts = parts  # time_parts: the host time of the step's phases (HostParts)
         self.warmup, self.steps = warmup, 0
         self.marks: list = []  # the end of each timed step (and of each pause)
         self.pauses: set[int] = set()  # i: marks[i] -> marks[i + 1] is a pause (a validation pass), not a step
@@ -134,6 +179,7 @@ class StepClock:
         if self.warmup == 0:
             self.marks.append(self._mark())
             self.tick_marks.append(0)
+            PARTS.reset()
 
     def data_wait(self, seconds: float) -> None:
         """The step about to run waited `seconds` for its batch (counted once the warm-up is over)."""
@@ -148,6 +194,8 @@ class StepClock:
         if self.steps >= self.warmup:
             self.marks.append(self._mark())
             self.tick_marks.append(len(self.marks) - 1)
+            if self.steps == self.warmup:
+                PARTS.reset()
         if self.time_first and self.steps == 1:
             if self.cuda:
                 torch.cuda.synchronize()

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from .meters import PARTS
+
 
 
 class _NoProfiler:
@@ -137,11 +139,12 @@ def _profiler_recording() -> bool:
 def nvtx_range(name: str, enabled: bool):
     """Label a phase of the step ("data wait", "forward", ...).
 
-    An NVTX range (seen by `nsys profile --trace=cuda,nvtx`) when `enabled` and CUDA is present; and, while
+    An NVTX range (seen by `nsys profile --trace=cuda,nvtx`) when `enabled` and CUDA is present; while
     torch.profiler records, a record_function range of the same name, which summarize() uses to split the
-    step. Both cost nothing when off.
+    step; with time_parts=true, its host time (meters.HostParts). Each costs nothing when off.
     """
     stack = ExitStack()
+    stack.enter_context(PARTS.part(name))  # time_parts=true: its host time (nothing when off)
     if enabled and torch.cuda.is_available():
         stack.enter_context(torch.cuda.nvtx.range(name))
     if _profiler_recording():

@@ -108,7 +108,7 @@ class Cases:
             r = json.loads(result.read_text())
             rec.update(img_s=r["throughput_img_s"], step_ms=r["step_time_ms"], world_size=r["world_size"],
                        global_batch=r["global_batch"], peak_memory_mb=r["peak_memory_mb"], device=r["device"],
-                       checksums_equal=len(set(r["param_checksums"])) == 1)
+                       checksums_equal=len(set(r["param_checksums"])) == 1, host_parts_ms=r.get("host_parts_ms"))
         elif status == "ok":
             rec["status"] = "no result.json"
         print(line(rec), flush=True)

@@ -128,6 +128,7 @@ def main() -> int:
         ("ddp_fast_4gpu", {**DDP, **FAST, **TRACE, "profile_ranks": "0"}, 50, True),
         ("ddp_fast_4gpu_b1024", dict(DDP, **FAST, batch_size=1024, steps=120, timing_warmup=40), 50, False),
         ("dp_4gpu", dict(parallel="dp", batch_size=B * n4, steps=150, timing_warmup=30, **TRACE), 40, True),
+        ("dp_4gpu_parts", dict(parallel="dp", batch_size=B * n4, steps=150, timing_warmup=30, time_parts=True), 40, False),
         ("ddp_eager_4gpu", dict(DDP, **TRACE), 30, True),
         ("ddp_before_4gpu", dict(DDP, **FAST, **TRACE, ddp_sync="hooks", ddp_compile="split"), 50, False),
         ("dp_4gpu_cudnn_benchmark", dict(parallel="dp", batch_size=B * n4, steps=150, timing_warmup=30), 30, False),
@@ -155,6 +156,8 @@ def two_gpu_rounds(n2: int) -> list:
     """DataParallel, DDP and DDP's knobs (eager) on 2 GPUs, in pairs that can run at once on a 4-GPU node."""
     return [[("dp_2gpu", n2, dict(parallel="dp", batch_size=B * n2, steps=150, timing_warmup=30)),
              ("ddp_eager_2gpu", n2, dict(DDP))],
+            [("dp_2gpu_parts", n2, dict(parallel="dp", batch_size=B * n2, steps=150, timing_warmup=30, time_parts=True)),
+             ("ddp_eager_2gpu_parts", n2, dict(DDP, time_parts=True))],
             [("ddp_fast_2gpu", n2, dict(DDP, **FAST)), ("knob_grad_accum_steps=4", n2, dict(DDP, grad_accum_steps=4))],
             [("knob_sync_batchnorm=true", n2, dict(DDP, sync_batchnorm=True)),
              ("knob_bucket_cap_mb=1", n2, dict(DDP, ddp_bucket_cap_mb=1))],
@@ -184,6 +187,11 @@ def report(cases: Cases) -> int:
         for key in ("util_pct", "mem_used_mb"):
             if key in r:
                 figures[f"{r['case']}_{key}"] = r[key]
+        if r.get("host_parts_ms"):  # time_parts=true: the step cut on the host clock, no profiler
+            parts = dict(r["host_parts_ms"])
+            figures[f"{r['case']}_host_parts_ms"] = parts
+            named = sum(v for k, v in parts.items() if k != "step")
+            figures[f"{r['case']}_host_parts_sum_over_measured"] = round(named / r["step_ms"]["median"], 3)
         if r.get("peak_memory_mb"):
             figures[f"{r['case']}_peak_allocated_mb"] = round(r["peak_memory_mb"], 1)
     for dp_case in ("dp_4gpu", "dp_2gpu"):
