@@ -252,6 +252,8 @@ def test_time_parts_cut_the_step_on_the_host_clock_without_a_profiler(tmp_path):
     assert 0.8 < sum(parts.values()) / step <= 1.0, res.host_parts_ms
     assert abs(step / res.step_time_ms["mean"] - 1) < 0.25, (step, res.step_time_ms)
     assert engine.train(tiny(tmp_path / "off", steps=4, timing_warmup=1)).host_parts_ms is None
+    traced = engine.train(tiny(tmp_path / "traced", time_parts=True, **PROFILE))  # writing the trace: no step
+    assert abs(traced.host_parts_ms["step"] / traced.step_time_ms["mean"] - 1) < 0.25, traced.host_parts_ms
 
 
 def test_host_parts_leave_out_the_phases_inside_them():
@@ -264,6 +266,7 @@ def test_host_parts_leave_out_the_phases_inside_them():
             time.sleep(0.05)
             with profiling.nvtx_range("inner", False):
                 time.sleep(0.1)
+        PARTS.tick()
         parts = PARTS.per_step_ms(1)
     finally:
         PARTS.enabled = False

@@ -113,7 +113,14 @@ class HostParts:
     def reset(self) -> None:
         self.totals: dict[str, float] = {}
         self.open: list[float] = []  # per open phase: the time of the phases inside it
-        self.t0 = time.perf_counter()
+        self.t0 = self.t_last = time.perf_counter()  # the first timed step's start; the last one's end
+        self.paused = 0.0  # host time between steps that is no step (StepClock.pause_ended)
+
+    def tick(self, pause: bool = False) -> None:
+        now = time.perf_counter()
+        if pause:
+            self.paused += now - self.t_last
+        self.t_last = now
 
     @contextmanager
     def part(self, name: str):
@@ -132,9 +139,9 @@ class HostParts:
                 self.open[-1] += spent
 
     def per_step_ms(self, steps: int) -> dict:
-        """ms per timed step: each phase, and the whole host time since the first timed step (`step`)."""
+        """ms per timed step: each phase, and the host time of the timed steps, pauses left out (`step`)."""
         out = {k: round(1000 * v / steps, 3) for k, v in sorted(self.totals.items(), key=lambda kv: -kv[1])}
-        return {**out, "step": round(1000 * (time.perf_counter() - self.t0) / steps, 3)}
+        return {**out, "step": round(1000 * (self.t_last - self.t0 - self.paused) / steps, 3)}
 
 
 PARTS = HostParts()  # the one the loop's phases report to (profiling.nvtx_range)
@@ -195,7 +202,9 @@ class StepClock:
             self.marks.append(self._mark())
             self.tick_marks.append(len(self.marks) - 1)
             if self.steps == self.warmup:
-                PARTS.reset()
+                PARTS.reset()  # time_parts: the phases are summed from the first timed step on
+            else:
+                PARTS.tick()
         if self.time_first and self.steps == 1:
             if self.cuda:
                 torch.cuda.synchronize()
@@ -213,6 +222,7 @@ class StepClock:
         if self.marks:
             self.pauses.add(len(self.marks) - 1)
             self.marks.append(self._mark())
+            PARTS.tick(pause=True)
 
     def _steps(self, first: int = 0, last: int | None = None) -> list:
         """(start, end) marks of the timed steps between marks[first] and marks[last], pauses left out."""
