@@ -498,6 +498,7 @@ def prepared_run(cfg: TrainConfig):
                 early.hand_over(run)
                 try:
                     yield run
+                    distributed.barrier(env, "the end of the run")  # no rank tears down while another still talks
                 finally:  # a live graph holding NCCL calls makes destroy_process_group hang (pytorch#115388)
                     if run.graphed is not None:
                         run.graphed.release()
