@@ -77,8 +77,9 @@ class GradBuckets:
     def __init__(self, net: nn.Module, env: distributed.DistEnv, cap_mb: float, dtype: torch.dtype | None = None):
         self.env, self.dtype = env, dtype
         self.buckets = plan(net, cap_mb)
-        self.hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._ready, i))
-                      for i, bucket in enumerate(self.buckets) for p in bucket]
+        for i, bucket in enumerate(self.buckets):
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(functools.partial(self._ready, i))
         self.start()
 
     def start(self) -> None:
@@ -101,7 +102,3 @@ class GradBuckets:
         for land in self.landings:
             land()
         self.start()
-
-    def remove(self) -> None:
-        for hook in self.hooks:
-            hook.remove()

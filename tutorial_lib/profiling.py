@@ -144,7 +144,8 @@ def nvtx_range(name: str, enabled: bool):
     step; with time_parts=true, its host time (meters.HostParts). Each costs nothing when off.
     """
     stack = ExitStack()
-    stack.enter_context(PARTS.part(name))  # time_parts=true: its host time (nothing when off)
+    if PARTS.enabled:  # time_parts=true: its host time
+        stack.enter_context(PARTS.part(name))
     if enabled and torch.cuda.is_available():
         stack.enter_context(torch.cuda.nvtx.range(name))
     if _profiler_recording():

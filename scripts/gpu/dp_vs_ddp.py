@@ -18,6 +18,13 @@ from tutorial_lib import intervals, reference, trace_summary  # noqa: E402
 
 B = 256  # per GPU, every case unless named
 DDP = dict(parallel="ddp")
+
+
+def dp(n: int) -> dict:
+    """DataParallel over n GPUs: its one process gets batch B x n, so that each GPU gets B."""
+    return dict(parallel="dp", batch_size=B * n, steps=150, timing_warmup=30)
+
+
 FAST = dict(compile=True, compile_mode="reduce-overhead")  # CUDA graphs; under DDP the engine's ddp_sync=auto: flat
 TRACE = dict(profile=True, profile_ranks="all", profile_wait=100, profile_active=3, profile_memory=False, log_every=1000,
              profile_record_shapes=False)
@@ -127,11 +134,11 @@ def main() -> int:
     plan = [  # (name, overrides, seconds it may take, monitored); the engine's defaults unless named
         ("ddp_fast_4gpu", {**DDP, **FAST, **TRACE, "profile_ranks": "0"}, 50, True),
         ("ddp_fast_4gpu_b1024", dict(DDP, **FAST, batch_size=1024, steps=120, timing_warmup=40), 50, False),
-        ("dp_4gpu", dict(parallel="dp", batch_size=B * n4, steps=150, timing_warmup=30, **TRACE), 40, True),
-        ("dp_4gpu_parts", dict(parallel="dp", batch_size=B * n4, steps=150, timing_warmup=30, time_parts=True), 40, False),
+        ("dp_4gpu", dict(dp(n4), **TRACE), 40, True),
+        ("dp_4gpu_parts", dict(dp(n4), time_parts=True), 40, False),
         ("ddp_eager_4gpu", dict(DDP, **TRACE), 30, True),
         ("ddp_before_4gpu", dict(DDP, **FAST, **TRACE, ddp_sync="hooks", ddp_compile="split"), 50, False),
-        ("dp_4gpu_cudnn_benchmark", dict(parallel="dp", batch_size=B * n4, steps=150, timing_warmup=30), 30, False),
+        ("dp_4gpu_cudnn_benchmark", dp(n4), 30, False),
     ]
     for name, overrides, estimate, watch in plan:
         kw = {"runner": ["-c", FORCE_CUDNN]} if name == "dp_4gpu_cudnn_benchmark" else {}
@@ -154,9 +161,9 @@ def main() -> int:
 
 def two_gpu_rounds(n2: int) -> list:
     """DataParallel, DDP and DDP's knobs (eager) on 2 GPUs, in pairs that can run at once on a 4-GPU node."""
-    return [[("dp_2gpu", n2, dict(parallel="dp", batch_size=B * n2, steps=150, timing_warmup=30)),
+    return [[("dp_2gpu", n2, dp(n2)),
              ("ddp_eager_2gpu", n2, dict(DDP))],
-            [("dp_2gpu_parts", n2, dict(parallel="dp", batch_size=B * n2, steps=150, timing_warmup=30, time_parts=True)),
+            [("dp_2gpu_parts", n2, dict(dp(n2), time_parts=True)),
              ("ddp_eager_2gpu_parts", n2, dict(DDP, time_parts=True))],
             [("ddp_fast_2gpu", n2, dict(DDP, **FAST)), ("knob_grad_accum_steps=4", n2, dict(DDP, grad_accum_steps=4))],
             [("knob_sync_batchnorm=true", n2, dict(DDP, sync_batchnorm=True)),
