@@ -15,7 +15,7 @@ LAYER = {
     "stepgraph": 2, "buckets": 3,
     "jobs": 3, "imagefolder": 3,
     "data": 4, "profiling": 4,
-    "engine": 5,
+    "engine": 5, "roofline": 5,
     "bench": 6, "ladder": 6, "scaling": 6, "sitecheck": 6,
     "notebook": 7, "report": 7, "doctor": 7,
     "__main__": 8, "__init__": 8,

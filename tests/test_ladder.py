@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from conftest import ROOT, cli, tiny
-from tutorial_lib import config, distributed, engine, ladder, meters, models, peaks, stepgraph
+from tutorial_lib import config, distributed, engine, ladder, meters, models, peaks, roofline, stepgraph
 from tutorial_lib.config import ConfigError, TrainConfig
 
 TINY = ladder.Sizes(batch=8, big_batch=16, steps=3, big_steps=2, warmup=1, model="resnet18_imagenet", train_size=64,
@@ -239,3 +239,37 @@ def test_performance_doc_names_card_torch_date_and_what_limits_the_last_rung():
     doc = ladder.performance_doc([rec])
     assert "## NVIDIA H200 (torch 2.11.0, 2026-11-26)" in doc and "| fp32 | fp32 | 256 | 9,000 |" in doc
     assert "### What limits the last rung" in doc and "compute 90%" in doc and "`sm90_xmma_fprop` | 20 |" in doc
+
+
+def test_kernel_classes_put_fused_triton_before_the_words_it_fuses():
+    kernels = [{"name": "sm90_xmma_dgrad_implicit_gemm_bf16", "ms": 2.0},
+               {"name": "triton_poi_fused__native_batch_norm_legit_functional_add_convolution_backward_7", "ms": 1.0},
+               {"name": "void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata>", "ms": 0.25},
+               {"name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "ms": 0.5},
+               {"name": "Memcpy HtoD (Pinned -> Device)", "ms": 0.125},
+               {"name": "void at::native::reduce_kernel<512, 1>", "ms": 0.0625}]
+    assert roofline.kernel_classes(kernels) == {roofline.TENSOR_CORE: 2.0, "BatchNorm, ReLU, add (fused Triton)": 1.0,
+                                              "communication (NCCL)": 0.5, "optimizer": 0.25, "copies and fills": 0.125,
+                                              "other ATen kernels": 0.0625}
+
+
+def test_roofline_rates_the_tensor_core_kernels_against_the_cards_peak_and_says_which_limit_comes_first():
+    kernels = [{"name": "sm90_xmma_fprop", "ms": 8.0}, {"name": "triton_red_fused_batch_norm_3", "ms": 3.0}]
+    cfg = TrainConfig(model="resnet18", batch_size=1024, precision="bf16")
+    t = {"batch": 1024, "step_ms": 12.0, **roofline.roofline(cfg, "NVIDIA H100 80GB HBM3", 12.0, kernels)}
+    flops = t["flops_per_step"]
+    assert 3.0e9 < flops / 1024 < 3.6e9  # the CIFAR ResNet-18's forward + backward, counted
+    assert t["tensor_core_tflops"] == pytest.approx(flops / 8e-3 / 1e12)
+    assert t["step_tflops"] == pytest.approx(flops / 12e-3 / 1e12)
+    text = "\n".join(roofline.roofline_lines(t, "gpu_resident"))
+    assert "| tensor-core convolutions and matmuls | 8.000 | 67% |" in text
+    # 8 passes over every BatchNorm's bf16 activations: 614,400 elements per image (counted), at 1024 images
+    assert t["norm_gb_per_step"] == pytest.approx(614_400 * 1024 * 2 * 8 / 1e9)
+    assert f"| {roofline.NORM_CLASS} | 3.000 | 25% | >= {t['norm_gb_per_step'] / 3.0:.2f} TB/s" in text
+    assert ("below the 45% target" in text) == (t["tensor_core_tflops"] / t["peak_tflops"] < 0.45)
+    rec = {"card": "NVIDIA H100 80GB HBM3", "gpus": 1, "torch": "2.11.0", "date": "2026-11-26", "script": "s",
+           "figures": {"rows": [], "traces": {}}}
+    roof = {**rec, "figures": {"traces": {"gpu_resident": t}}}
+    doc = ladder.performance_doc([rec], [roof])
+    assert "### Kernel classes against the roofline" in doc and "| tensor-core convolutions and matmuls |" in doc
+    assert "### Kernel classes" not in ladder.performance_doc([rec], [{**roof, "card": "NVIDIA H200"}])

@@ -197,6 +197,26 @@ def test_gpu_view_of_a_synthetic_trace_gives_the_known_parts(tmp_path):
     assert s.top_ops[0]["name"] == "aten::convolution_backward" and s.top_ops[0]["device_ms"] == pytest.approx(0.022)
 
 
+def test_kernels_launched_before_the_profiled_steps_are_not_counted_as_theirs(tmp_path):
+    """A GPU behind the host still runs the profiler's warm-up steps when the trace starts; their kernels are
+    recorded, but the per-step kernel table is the profiled steps' own work."""
+    path = synthetic_gpu_trace(tmp_path / "rank0.1.pt.trace.json.gz")
+    with gzip.open(path, "rt") as f:
+        trace = json.load(f)
+    trace["traceEvents"] += [  # one launched before the steps; one whose launch the trace did not record
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": -50, "dur": 1, "pid": 100, "tid": 1,
+         "args": {"correlation": 9}},
+        {"ph": "X", "cat": "kernel", "name": "void warmup_step_kernel()", "ts": 1, "dur": 10, "pid": 0, "tid": 8,
+         "args": {"correlation": 9, "device": 0}},
+        {"ph": "X", "cat": "kernel", "name": "void earlier_step_kernel()", "ts": 2, "dur": 5, "pid": 0, "tid": 8,
+         "args": {"correlation": 8, "device": 0}}]
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)
+    s = summarize(path)[0]
+    assert not {"void warmup_step_kernel()", "void earlier_step_kernel()"} & {k["name"] for k in s.top_kernels}
+    assert sum(k["calls"] for k in s.top_kernels) == 4
+
+
 def test_host_view_of_a_synthetic_trace_gives_the_known_parts(tmp_path):
     s = summarize(synthetic_gpu_trace(tmp_path / "rank0.1.pt.trace.json.gz"), view="host")[0]
     us = {p: round(v * 1000, 6) for p, v in s.parts_ms.items()}

@@ -98,11 +98,15 @@ def ladder(argv: list[str]) -> int:
     p.add_argument("--out", default="runs/04_ladder", help="where ladder.json and ladder.md go")
     p.add_argument("--trace", action="store_true", help="also profile the bf16 eager and the last rung (GPU)")
     p.add_argument("--reference", action="store_true", help="write notebooks/reference/04_ladder*.json (GPU)")
+    p.add_argument("--roofline", action="store_true", help="only the traces, their kernel classes against the card's "
+                   "peak (with --reference: notebooks/reference/04_roofline_<card>.json)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="changes to the base (fp32) rung")
     args = p.parse_args(argv)
     cfg = load(None, args.overrides)  # bad keys fail here, before torch is imported
     given = {key: getattr(cfg, key) for key in (o.split("=", 1)[0].strip() for o in args.overrides)}
     sizes = ladder_module.SMALL if args.small else ladder_module.GPU
+    if args.roofline:
+        return roofline(ladder_module, sizes, given, args.reference)
     rows = ladder_module.run(sizes, given, args.only.split(",") if args.only else None, args.compile_on_cpu)
     trace = ladder_module.traces(sizes, given) if args.trace else {}
     json_path, md_path = ladder_module.save(rows, args.out, trace)
@@ -115,6 +119,22 @@ def ladder(argv: list[str]) -> int:
         device = next(r["device"] for r in rows if not r["skipped"])
         for name in ("04_ladder", f"04_ladder_{ladder_module.card_slug(device)}"):
             print(f"wrote {reference.write(name, figures, script='scripts/gpu/ladder.sh')}")
+    return 0
+
+
+def roofline(ladder_module, sizes, given: dict, write: bool) -> int:
+    """`ladder --roofline`: profile the traced rungs only and print each one's kernel classes against the peak."""
+    from . import roofline as roofline_module
+
+    trace = ladder_module.traces(sizes, given)
+    for name, t in trace.items():
+        print("\n".join(roofline_module.roofline_lines(t, name)) or f"{name}: {t.get('error', 'no tensor-core kernels')}")
+    device = next((t["device"] for t in trace.values() if "device" in t), None)
+    if write and device:
+        from . import reference
+
+        for name in ("04_roofline", f"04_roofline_{ladder_module.card_slug(device)}"):
+            print(f"wrote {reference.write(name, {'traces': trace}, script='python -m tutorial_lib ladder --roofline')}")
     return 0
 
 

@@ -3,7 +3,9 @@ process-group set-up and teardown, and the few collectives the engine needs. (St
 `engine.launch`.)"""
 from __future__ import annotations
 
+import ctypes
 import os
+import pickle
 import platform
 import time
 from contextlib import contextmanager
@@ -129,30 +131,65 @@ def _silent_ranks(env: DistEnv, grace_s: float = 2.0) -> list[int]:
         return []
 
 
+# The tensors of each kind of collective last used, kept for the life of the process. torch keeps a gloo process
+# group, and its worker threads, alive after destroy_process_group. A worker that drops the last reference to a
+# tensor made in Python must take the interpreter's lock to free it; if the interpreter is already shutting down,
+# Python ends that thread, and the process aborts ("terminate called without an active exception", seen at the
+# end of DDP runs on a loaded CPU). A tensor Python still holds is never the worker's to free: so this dict holds
+# the last ones, and is itself never freed (the reference below is never given back), not even at shutdown.
+_HELD: dict = {}
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_HELD))
+
+
+def held(kind: str, *tensors: torch.Tensor) -> None:
+    """Keep `tensors` (the last collective of this `kind`) until the process ends; the previous ones of the same
+    kind are freed here, by this thread, long after their collective finished."""
+    _HELD[kind] = tensors
+
+
+def _device(env: DistEnv) -> torch.device:
+    return env.device if env.backend == "nccl" else torch.device("cpu")
+
+
 def all_gather(value, env: DistEnv) -> list:
-    """Every rank's `value` (any picklable), on every rank; [value] when not distributed."""
+    """Every rank's `value` (any picklable), on every rank; [value] when not distributed. (torch's
+    all_gather_object, with tensors that are `held`.)"""
     if not env.distributed:
         return [value]
-    out = [None] * env.world_size
+    data = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8)
+    size = torch.tensor([data.numel()], dtype=torch.long, device=_device(env))
+    sizes = [torch.zeros_like(size) for _ in range(env.world_size)]
     with collective("all_gather", env):
-        dist.all_gather_object(out, value)
-    return out
+        held("all_gather sizes", size, *sizes)
+        dist.all_gather(sizes, size)
+        n = max(int(s.item()) for s in sizes)
+        mine = torch.zeros(n, dtype=torch.uint8, device=_device(env))
+        mine[:data.numel()] = data.to(mine.device)
+        out = [torch.empty_like(mine) for _ in range(env.world_size)]
+        held("all_gather", mine, *out)
+        dist.all_gather(out, mine)
+    return [pickle.loads(o[:int(s.item())].cpu().numpy().tobytes()) for o, s in zip(out, sizes)]
 
 
 def any_rank(flag: bool, env: DistEnv) -> bool:
     """True on every rank when `flag` is true on at least one (e.g. a stop signal seen by one rank)."""
     if not env.distributed:
         return flag
-    t = torch.tensor([int(flag)], device=env.device if env.backend == "nccl" else "cpu")
+    t = torch.tensor([int(flag)], device=_device(env))
+    held("any_rank", t)
     with collective("all_reduce (stop check)", env):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
 
 
 def barrier(env: DistEnv, name: str = "barrier") -> None:
+    """Every rank waits here for all the others: an all-reduce of one `held` number. (gloo's own barrier keeps
+    the collectives still in flight when it starts, and frees them in a worker thread whenever it is freed.)"""
     if env.distributed:
+        t = torch.zeros(1, device=_device(env))
+        held("barrier", t)
         with collective(name, env):
-            dist.barrier()
+            dist.all_reduce(t)
 
 
 def average_gradients(params: list, env: DistEnv, dtype: torch.dtype | None = None) -> None:
@@ -173,6 +210,7 @@ def start_average(params: list, env: DistEnv, dtype: torch.dtype | None = None):
     flat = flatten(grads)
     sent = flat.to(dtype) if dtype is not None and dtype != flat.dtype else flat
     average = env.backend == "nccl"  # NCCL averages as it sums: no extra pass over the buffer; gloo has no AVG
+    held("gradients", sent)
     work = dist.all_reduce(sent, op=dist.ReduceOp.AVG if average else dist.ReduceOp.SUM, async_op=True)
 
     def land() -> None:
@@ -236,6 +274,7 @@ class StopVote:
             seen = bool(host.item())
         nccl = self.env.backend == "nccl"
         t = torch.full((1,), int(flag), dtype=torch.int32, device=self.env.device if nccl else "cpu")
+        held("stop vote", t)
         work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
         if nccl:
             work.wait()  # with NCCL: the current stream waits for the all-reduce; the host does not

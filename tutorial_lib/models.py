@@ -76,3 +76,18 @@ def flops_per_image(name: str, num_classes: int, image_shape: tuple[int, ...], n
         x = torch.empty(n, *image_shape)
         y = torch.zeros(n, dtype=torch.long)
     return train_flops(model, x, y) / n
+
+
+@functools.lru_cache(maxsize=None)
+def norm_elements_per_image(name: str, num_classes: int, image_shape: tuple[int, ...], n: int = 2) -> float:
+    """Elements per image of every BatchNorm layer's output (the activations the memory-bound normalisation
+    kernels read and write), counted with forward hooks on the meta device."""
+    total = [0]
+    with torch.device("meta"):
+        model = build(name, num_classes)
+        hooks = [m.register_forward_hook(lambda mod, inp, out: total.__setitem__(0, total[0] + out.numel()))
+                 for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        model(torch.empty(n, *image_shape))
+    for h in hooks:
+        h.remove()
+    return total[0] / n

@@ -40,3 +40,15 @@ def mfu(img_s: float, flops_per_image: float | None, device: str, precision: str
     if not peak or not flops_per_image or not img_s:
         return None
     return img_s * flops_per_image / (devices * peak * 1e12)
+
+
+# (words that must all appear in the name) -> memory bandwidth in TB/s, from the same datasheets: the roof of the
+# kernels that do little arithmetic per byte (normalisation, element-wise, the optimizer)
+BANDWIDTH = [(("H100", "PCIe"), 2.0), (("H100", "NVL"), 3.9), (("H100",), 3.35), (("H200",), 4.8),
+             (("A100", "40GB"), 1.555), (("A100",), 2.039)]
+
+
+def bandwidth_tbs(device: str) -> float | None:
+    """Memory bandwidth (TB/s) of the card named `device`; None for a CPU or a card not in the table."""
+    name = device.upper()
+    return next((bw for needed, bw in BANDWIDTH if all(w.upper() in name for w in needed)), None)

@@ -183,15 +183,33 @@ def summarize_trace(path: Path, worker: str | None = None, view: str | None = No
         raise UserError(f"view='gpu' but {path.name} has no GPU activity (recorded on a CPU); use view='host'")
     main, steps = _main_thread_and_steps(spans)
     phases = _phases(spans, main)
+    profiled = _launched_in(device_events, _launch_times(spans), steps)
     if view == "gpu":
         steps = _gpu_step_windows(steps, device_events, _launch_times(spans))
         ordered = _gpu_parts(spans, device_events, phases)
     else:
         ordered = _host_parts(spans, main, phases)
     step_times = [StepTime(name, (e - s) / 1000, _parts_ms(partition((s, e), ordered))) for name, s, e in steps]
-    top_ops, top_kernels = _top_ops_and_kernels(spans, device_events, main[0], len(steps))
+    top_ops, top_kernels = _top_ops_and_kernels(spans, profiled, main[0], len(steps))
     return TraceSummary(worker or _worker(path), path, _device_name(trace, device_events), view, step_times,
                         top_ops[:top], top_kernels[:top], _peak_memory(events))
+
+
+def _launched_in(device_events, launches, steps):
+    """The device events launched inside the profiled steps: a GPU that runs behind the host is still busy
+    with the steps before the first one (the profiler's warm-up) when the trace starts, and their kernels,
+    recorded too, are not the profiled steps' work (per-step kernel times would count them)."""
+    if len(steps) == 1 and steps[0][0] == "whole trace":
+        return device_events
+    lo, hi = steps[0][1], steps[-1][2]
+
+    def inside(e) -> bool:
+        corr = e.get("args", {}).get("correlation")
+        if corr is None:
+            return True  # nothing says where it came from
+        t = launches.get(corr)  # None: its launch came before the trace recorded host calls (the warm-up)
+        return t is not None and lo <= t <= hi
+    return [e for e in device_events if inside(e)]
 
 
 def _parts_ms(parts_us: dict[str, float]) -> dict[str, float]:
