@@ -65,7 +65,8 @@ def test_accumulation_with_no_sync_matches_the_big_batch(tmp_path, single):
 
 def test_a_stop_flag_on_one_rank_reaches_every_rank_at_the_same_vote():
     """The engine's stop vote (distributed.StopVote) is read one log interval late, so that the GPU never
-    waits for it: rank 1's flag, raised at the third vote, is seen by both ranks at the fourth."""
+    waits for it: rank 1's flag, raised at the third vote, is seen by both ranks at the fourth. The same two
+    ranks then gather values of different sizes and meet at a barrier."""
     script = str(Path(__file__).parent / "fixtures" / "stop_vote.py")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script],
                        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -73,6 +74,9 @@ def test_a_stop_flag_on_one_rank_reaches_every_rank_at_the_same_vote():
     expected = "[False, False, False, True, False]"
     assert f"rank 0 read {expected}" in p.stdout and f"rank 1 read {expected}" in p.stdout, p.stdout
     assert "rank 0 settled True" in p.stdout and "rank 1 settled True" in p.stdout, p.stdout
+    # the same processes: the workbook's own all_gather (held tensors) with a different size on each rank
+    for r in (0, 1):
+        assert f"rank {r} gathered [(0, 10), (1, 1010)]" in p.stdout and f"rank {r} passed the barrier" in p.stdout
 
 
 @pytest.mark.parametrize("sync", ["ddp_sync=hooks", "cuda_graph=true"])  # buckets share the flat path's cast
