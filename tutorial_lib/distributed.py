@@ -171,25 +171,27 @@ def all_gather(value, env: DistEnv) -> list:
     return [pickle.loads(o[:int(s.item())].cpu().numpy().tobytes()) for o, s in zip(out, sizes)]
 
 
+def all_reduce(t: torch.Tensor, env: DistEnv, name: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """All-reduce `t` in place over the ranks (a `held` tensor, a `collective` error naming the silent ranks)."""
+    held(name, t)
+    with collective(name, env):
+        dist.all_reduce(t, op=op)
+    return t
+
+
 def any_rank(flag: bool, env: DistEnv) -> bool:
     """True on every rank when `flag` is true on at least one (e.g. a stop signal seen by one rank)."""
     if not env.distributed:
         return flag
-    t = torch.tensor([int(flag)], device=_device(env))
-    held("any_rank", t)
-    with collective("all_reduce (stop check)", env):
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return bool(all_reduce(torch.tensor([int(flag)], device=_device(env)), env, "all_reduce (stop check)",
+                           dist.ReduceOp.MAX).item())
 
 
 def barrier(env: DistEnv, name: str = "barrier") -> None:
-    """Every rank waits here for all the others: an all-reduce of one `held` number. (gloo's own barrier keeps
-    the collectives still in flight when it starts, and frees them in a worker thread whenever it is freed.)"""
+    """Every rank waits here for all the others: an all-reduce of one number. (gloo's own barrier keeps the
+    collectives still in flight when it starts, and frees them in a worker thread whenever it is freed.)"""
     if env.distributed:
-        t = torch.zeros(1, device=_device(env))
-        held("barrier", t)
-        with collective(name, env):
-            dist.all_reduce(t)
+        all_reduce(torch.zeros(1, device=_device(env)), env, name)
 
 
 def average_gradients(params: list, env: DistEnv, dtype: torch.dtype | None = None) -> None:
@@ -273,7 +275,7 @@ class StopVote:
             done.synchronize() if isinstance(done, torch.cuda.Event) else done.wait()
             seen = bool(host.item())
         nccl = self.env.backend == "nccl"
-        t = torch.full((1,), int(flag), dtype=torch.int32, device=self.env.device if nccl else "cpu")
+        t = torch.full((1,), int(flag), dtype=torch.int32, device=_device(self.env))
         held("stop vote", t)
         work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
         if nccl:

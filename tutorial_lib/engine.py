@@ -423,9 +423,7 @@ class Run:
                 pred = self.model(x).argmax(1)
             correct += torch.stack([(pred == y).sum(), torch.tensor(len(y), device=self.device)]).float()
         if self.env.distributed:
-            distributed.held("validation", correct)
-            with distributed.collective("all_reduce (validation accuracy)", self.env):
-                torch.distributed.all_reduce(correct)
+            distributed.all_reduce(correct, self.env, "all_reduce (validation accuracy)")
         self.model.train()
         return (correct[0] / correct[1]).item()
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import roofline
+from .roofline import pct
 from .config import TrainConfig, UserError, default_workers
 from .results import Result, atomic_write_text
 
@@ -358,10 +359,6 @@ def reference_figures(rows: list[dict], trace: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ docs/performance.md
-def _pct(v) -> str:
-    return "n/a" if v is None else f"{100 * v:.0f}%"
-
-
 def limits_section(figures: dict) -> list[str]:
     """'What limits the last rung', from the trace summaries the GPU script recorded."""
     tr = {k: v for k, v in (figures.get("traces") or {}).items() if "error" not in v}
@@ -369,18 +366,18 @@ def limits_section(figures: dict) -> list[str]:
         why = (figures.get("traces") or {}).get("gpu_resident", {}).get("error", "no trace was recorded")
         return [f"(no trace of the last rung: {why})"]
     last, eager = tr["gpu_resident"], tr.get("channels_last")
-    shares = ", ".join(f"{p} {_pct(v)}" for p, v in sorted(last["shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
+    shares = ", ".join(f"{p} {pct(v)}" for p, v in sorted(last["shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
     clock = "the GPU's clock" if last["view"] == "gpu" else "the host's clock"
     out = [f"A profiled run of the last rung ({last['step_ms']:.2f} ms per step on {clock}, offline summary "
            f"of `tutorial_lib.trace_summary`): {shares}; the largest part is **{last['bottleneck']}**."]
     if eager:
-        out.append(f"The bf16 eager step (rung channels_last) was idle {_pct(eager['shares']['idle'])} of its "
+        out.append(f"The bf16 eager step (rung channels_last) was idle {pct(eager['shares']['idle'])} of its "
                    f"{eager['step_ms']:.2f} ms (the CPU launching kernels one by one); the compiled CUDA-graph step is idle "
-                   f"{_pct(last['shares']['idle'])}.")
+                   f"{pct(last['shares']['idle'])}.")
     small = tr.get("last_small_batch")
     if small:
         out.append(f"The same step at batch {small.get('batch', 'n/a')} "
-                   f"({small['step_ms']:.2f} ms): " + ", ".join(f"{p} {_pct(v)}" for p, v in
+                   f"({small['step_ms']:.2f} ms): " + ", ".join(f"{p} {pct(v)}" for p, v in
                    sorted(small["shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005) + ".")
     out += kernel_table(last)
     for name in ("gpu_resident", "last_small_batch"):
@@ -390,7 +387,7 @@ def limits_section(figures: dict) -> list[str]:
 
 def kernel_table(t: dict) -> list[str]:
     return ["", "| GPU kernel of the last rung | calls/step | ms/step | of GPU busy |", "|---|---|---|---|"] + [
-        f"| `{k['name'][:90]}` | {k['calls']:g} | {k['ms']:.3f} | {_pct(k['of_busy'])} |" for k in t["top_kernels"]]
+        f"| `{k['name'][:90]}` | {k['calls']:g} | {k['ms']:.3f} | {pct(k['of_busy'])} |" for k in t["top_kernels"]]
 
 
 def bench_section(figures: dict) -> list[str]:
@@ -422,8 +419,8 @@ def performance_doc(records: list[dict], rooflines: list[dict] = ()) -> str:
                 "after the warm-up.", "", markdown(f["rows"]), ""]
         speed = "n/a" if f.get("last_speedup") is None else f"{f['last_speedup']:.1f}x"
         ratio = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
-        out.append(f"Targets: the last rung runs at {speed} the fp32 rung (target 12x) and {_pct(f.get('last_mfu'))} "
-                   f"MFU (target {_pct(roofline.MFU_TARGET)}); batch 256 reaches {ratio(f.get('b256_over_big_batch'))} of batch 1024 (target "
+        out.append(f"Targets: the last rung runs at {speed} the fp32 rung (target 12x) and {pct(f.get('last_mfu'))} "
+                   f"MFU (target {pct(roofline.MFU_TARGET)}); batch 256 reaches {ratio(f.get('b256_over_big_batch'))} of batch 1024 (target "
                    f">= 0.85); the engine reaches {ratio(f.get('engine_over_bare_loop'))} of the bare loop (target >= 0.97).")
         out += bench_section(f)
         out += ["", "### What limits the last rung", "", *limits_section(f)]

@@ -24,14 +24,16 @@ PEAKS = [
 ]
 
 
+def _card(table: list, device: str):
+    """The value of the first row of `table` whose words all appear in the card's name; None if none does."""
+    name = device.upper()
+    return next((value for needed, value in table if all(w.upper() in name for w in needed)), None)
+
+
 def peak_tflops(device: str, precision: str) -> float | None:
     """Dense peak TFLOP/s of the card named `device` (as torch names it, e.g. 'NVIDIA H100 80GB HBM3') for
     `precision`; None for a CPU or a card not in the table."""
-    name = device.upper()
-    for needed, peaks in PEAKS:
-        if all(w.upper() in name for w in needed):
-            return peaks.get(precision)
-    return None
+    return (_card(PEAKS, device) or {}).get(precision)
 
 
 def mfu(img_s: float, flops_per_image: float | None, device: str, precision: str, devices: int = 1) -> float | None:
@@ -50,5 +52,4 @@ BANDWIDTH = [(("H100", "PCIe"), 2.0), (("H100", "NVL"), 3.9), (("H100",), 3.35),
 
 def bandwidth_tbs(device: str) -> float | None:
     """Memory bandwidth (TB/s) of the card named `device`; None for a CPU or a card not in the table."""
-    name = device.upper()
-    return next((bw for needed, bw in BANDWIDTH if all(w.upper() in name for w in needed)), None)
+    return _card(BANDWIDTH, device)

@@ -10,8 +10,10 @@ from .config import TrainConfig
 MFU_TARGET = 0.45  # notebook 04's issue: the optimized rung at >= 45% MFU
 
 
-def _pct(v) -> str:
+def pct(v) -> str:
+    """A fraction as a whole percentage; n/a for None."""
     return "n/a" if v is None else f"{100 * v:.0f}%"
+
 
 TENSOR_CORE = "tensor-core convolutions and matmuls"
 NORM_CLASS = "BatchNorm, ReLU, add (fused Triton)"
@@ -71,28 +73,28 @@ def roofline_lines(t: dict | None, name: str) -> list[str]:
     for cls, ms in t["classes_ms"].items():
         rate = ("no counted FLOPs", "memory-bound")
         if cls == TENSOR_CORE:
-            rate = (f"{t['tensor_core_tflops']:,.0f} TFLOP/s", _pct(t["tensor_core_tflops"] / peak))
+            rate = (f"{t['tensor_core_tflops']:,.0f} TFLOP/s", pct(t["tensor_core_tflops"] / peak))
         elif cls == t.get("norm_class"):
             rate = (f">= {t['norm_tbs']:.2f} TB/s ({t['norm_gb_per_step']:.1f} GB)",
-                    f">= {_pct(t['norm_tbs'] / t['bandwidth_tbs'])} of {t['bandwidth_tbs']:g} TB/s")
-        out.append(f"| {cls} | {ms:.3f} | {_pct(ms / step)} | {rate[0]} | {rate[1]} |")
+                    f">= {pct(t['norm_tbs'] / t['bandwidth_tbs'])} of {t['bandwidth_tbs']:g} TB/s")
+        out.append(f"| {cls} | {ms:.3f} | {pct(ms / step)} | {rate[0]} | {rate[1]} |")
     tc_share, ceiling = t["classes_ms"][TENSOR_CORE] / step, t["tensor_core_tflops"] / peak
-    out.append(f"\nThe whole step reaches {t['step_tflops']:,.0f} TFLOP/s ({_pct(t['step_tflops'] / peak)} of peak). The "
-               f"tensor-core kernels take {_pct(tc_share)} of it at {_pct(ceiling)} of peak: with every other kernel and "
+    out.append(f"\nThe whole step reaches {t['step_tflops']:,.0f} TFLOP/s ({pct(t['step_tflops'] / peak)} of peak). The "
+               f"tensor-core kernels take {pct(tc_share)} of it at {pct(ceiling)} of peak: with every other kernel and "
                "every gap gone, the step could reach no more than that. " + (
-                   f"That is below the {_pct(MFU_TARGET)} target: the convolution kernels themselves, at these shapes "
+                   f"That is below the {pct(MFU_TARGET)} target: the convolution kernels themselves, at these shapes "
                    "(32x32 images, 64 to 512 channels), are the first limit; removing the rest can't reach it."
                    if ceiling < MFU_TARGET else
-                   f"That is above the {_pct(MFU_TARGET)} target: the other {_pct(1 - tc_share)} of the step (memory-bound "
+                   f"That is above the {pct(MFU_TARGET)} target: the other {pct(1 - tc_share)} of the step (memory-bound "
                    "kernels and gaps) is what holds MFU below it."))
     if t.get("norm_class"):
         at_roof = t["norm_gb_per_step"] / t["bandwidth_tbs"]  # ms: the normalisation at the full bandwidth
         best = step - t["classes_ms"][t["norm_class"]] + at_roof
         out.append(f"The normalisation kernels ({t['norm_class']}) must move at least {t['norm_gb_per_step']:.1f} GB per "
-                   f"step ({NORM_PASSES} passes over every BatchNorm's activations), and do it at {_pct(t['norm_tbs'] / t['bandwidth_tbs'])} "
+                   f"step ({NORM_PASSES} passes over every BatchNorm's activations), and do it at {pct(t['norm_tbs'] / t['bandwidth_tbs'])} "
                    f"or more of the memory bandwidth. At the full bandwidth they would take {at_roof:.2f} ms instead of "
                    f"{t['classes_ms'][t['norm_class']]:.2f}: the step would reach at most "
-                   f"{_pct(t['flops_per_step'] / best / 1e9 / peak)} of peak. Past that, only moving fewer bytes helps: "
+                   f"{pct(t['flops_per_step'] / best / 1e9 / peak)} of peak. Past that, only moving fewer bytes helps: "
                    "fewer passes, or no BatchNorm.")
     return out
 
@@ -105,10 +107,10 @@ def small_batch_lines(traces: dict) -> list[str]:
     per_image = lambda t: 1000 * t["step_ms"] / t["batch"]  # noqa: E731  (µs)
     return [f"\nPer image, batch {small['batch']} takes {per_image(small):.2f} µs of GPU time against {per_image(big):.2f} "
             f"at batch {big['batch']} ({per_image(big) / per_image(small):.2f} of its speed). Both steps are graphs with "
-            f"little idle time ({_pct(small['shares']['idle'])} and {_pct(big['shares']['idle'])}), so no host work is left to "
+            f"little idle time ({pct(small['shares']['idle'])} and {pct(big['shares']['idle'])}), so no host work is left to "
             f"remove: the kernels themselves are slower on a quarter of the rows. The convolutions reach "
-            f"{_pct(small['tensor_core_tflops'] / small['peak_tflops'])} of peak instead of "
-            f"{_pct(big['tensor_core_tflops'] / big['peak_tflops'])}, the normalisation "
-            f"{_pct(small['norm_tbs'] / small['bandwidth_tbs'])} of the bandwidth instead of "
-            f"{_pct(big['norm_tbs'] / big['bandwidth_tbs'])}: fewer tiles to fill the GPU's multiprocessors, "
+            f"{pct(small['tensor_core_tflops'] / small['peak_tflops'])} of peak instead of "
+            f"{pct(big['tensor_core_tflops'] / big['peak_tflops'])}, the normalisation "
+            f"{pct(small['norm_tbs'] / small['bandwidth_tbs'])} of the bandwidth instead of "
+            f"{pct(big['norm_tbs'] / big['bandwidth_tbs'])}: fewer tiles to fill the GPU's multiprocessors, "
             "and fixed costs per kernel (the 4x4 maps of the last stage) that a larger batch spreads thinner."]

@@ -183,9 +183,10 @@ def summarize_trace(path: Path, worker: str | None = None, view: str | None = No
         raise UserError(f"view='gpu' but {path.name} has no GPU activity (recorded on a CPU); use view='host'")
     main, steps = _main_thread_and_steps(spans)
     phases = _phases(spans, main)
-    profiled = _launched_in(device_events, _launch_times(spans), steps)
+    launches = _launch_times(spans)
+    profiled = _launched_in(device_events, launches, steps)
     if view == "gpu":
-        steps = _gpu_step_windows(steps, device_events, _launch_times(spans))
+        steps = _gpu_step_windows(steps, device_events, launches)
         ordered = _gpu_parts(spans, device_events, phases)
     else:
         ordered = _host_parts(spans, main, phases)

@@ -67,7 +67,8 @@ def images_to(history: list, batch: int, target: float) -> int | None:
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     cases = [(b, rule, 0) for b in BATCHES for rule in (("none",) if b == BASE_BATCH else scaling.LR_RULES)]
-    cases += [(b, rule, 1) for b, rule in (os.environ.get("SEED1") and [(BASE_BATCH, "none"), (BATCHES[1], "sqrt")] or [])]
+    if os.environ.get("SEED1"):
+        cases += [(BASE_BATCH, "none", 1), (BATCHES[1], "sqrt", 1)]
     rows, log = [], open(OUT / "critical_batch.log", "w")
     t0 = time.time()
     for batch, rule, seed in cases:
