@@ -77,3 +77,16 @@ def test_buckets_need_the_whole_step_graph():
     with pytest.raises(ConfigError, match="ddp_sync=buckets .* needs cuda_graph=true"):
         TrainConfig(ddp_sync="buckets").validate()
     TrainConfig(ddp_sync="buckets", cuda_graph=True).validate()
+
+
+def test_flatten_keeps_every_layout_and_views_of_gives_each_tensor_back():
+    conv = torch.randn(8, 3, 5, 5).to(memory_format=torch.channels_last)
+    bias, sliced = torch.randn(8), torch.randn(6, 4)[:, ::2]  # a tensor with gaps comes back contiguous
+    flat = distributed.flatten([conv, bias, sliced])
+    assert flat.shape == (conv.numel() + bias.numel() + sliced.numel(),)
+    back = distributed.views_of(flat, [conv, bias, sliced])
+    for t, b in zip((conv, bias, sliced), back):
+        assert torch.equal(t, b)
+    assert back[0].is_contiguous(memory_format=torch.channels_last) and back[0].stride() == conv.stride()
+    assert torch.equal(flat[:conv.numel()], conv.permute(0, 2, 3, 1).reshape(-1))  # in the order it lies in memory
+    assert back[2].is_contiguous() and back[2].untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()

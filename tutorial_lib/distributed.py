@@ -240,20 +240,23 @@ def broadcast_(tensors: list, env: DistEnv, src: int = 0) -> None:
 
 
 def flatten(tensors: list) -> torch.Tensor:
-    """One 1-D buffer holding `tensors` one after the other, each in the order it lies in memory."""
-    return torch.cat([in_memory_order(t) for t in tensors])
+    """One 1-D buffer holding `tensors` one after the other, each in the order it lies in memory. One foreach
+    copy writes them all (torch.cat of ResNet-18's 62 gradients of mixed sizes ran at an eighth of an H200's
+    bandwidth: 0.16 ms of a 4.4 ms step)."""
+    flat = torch.empty(sum(t.numel() for t in tensors), dtype=tensors[0].dtype, device=tensors[0].device)
+    torch._foreach_copy_(views_of(flat, tensors), tensors)
+    return flat
 
 
 def views_of(flat: torch.Tensor, like: list) -> list:
-    """Views of `flat` (from flatten(like)) with each tensor's size and strides: channels_last stays channels_last."""
-    return [part.as_strided(t.size(), t.stride()) for t, part in zip(like, flat.split([t.numel() for t in like]))]
+    """Views of `flat` with each tensor's size, and its strides when it is dense (channels_last stays
+    channels_last); a tensor with gaps (a slice) gets a contiguous view."""
+    parts = flat.split([t.numel() for t in like])
+    return [part.as_strided(t.size(), t.stride()) if _dense(t) else part.view(t.size()) for t, part in zip(like, parts)]
 
 
-def in_memory_order(t: torch.Tensor) -> torch.Tensor:
-    """The elements of a dense tensor as a 1-D tensor in the order they lie in memory (a view when it can be),
-    so that `as_strided(t.size(), t.stride())` on it rebuilds t's layout."""
-    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
-    return t.permute(order).reshape(-1)
+def _dense(t: torch.Tensor) -> bool:
+    return t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last))
 
 
 class StopVote:

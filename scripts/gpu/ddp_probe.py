@@ -58,21 +58,27 @@ def main() -> int:
         ("ddp_eager", n, dict(DDP), 25),
         ("ddp_graph_2gpu_b1024", 2, dict(DDP, **GRAPH, **B1024), 55),
         ("ddp_ro_inner", n, dict(DDP, **RO, ddp_sync="hooks", ddp_compile="inner"), 55),
+        # the gap at batch 256: the same graphed step traced on 1 GPU and on every rank of n (classes of kernels)
+        ("1gpu_graph_traced", 1, dict(GRAPH, **TRACE_RANK0), 50),
+        ("ddp_graph_traced_all", n, dict(DDP, **GRAPH, **TRACE_ALL), 60),
+        # NCCL's protocol for the 45 MB flat all-reduce inside the graph (its tuner picked LL on 4x H200)
+        ("ddp_graph_nccl_simple", n, dict(DDP, **GRAPH), 55, {"NCCL_PROTO": "Simple"}),
+        ("ddp_graph_nccl_ll128", n, dict(DDP, **GRAPH), 55, {"NCCL_PROTO": "LL128"}),
     ]
     only = [c for c in os.environ.get("PROBE_CASES", "").split(",") if c]  # a subset, by name (singles always run)
     unknown = set(only) - {c[0] for c in ddp}
     if unknown:
         raise SystemExit(f"PROBE_CASES names no case {sorted(unknown)}; the cases: {', '.join(c[0] for c in ddp)}")
-    for name, gpus, overrides, estimate in ddp:
+    for name, gpus, overrides, estimate, *env in ddp:  # env: extra environment variables of the case
         if not only or name in only:
-            cases.run(name, gpus, overrides, estimate)
+            cases.run(name, gpus, overrides, estimate, extra_env=env[0] if env else None)
 
     singles = best_singles(cases.records)
     device = next((r["device"] for r in cases.records if "device" in r), "?")
     text = table(cases.records, singles, device)
     print("\n" + text, flush=True)
-    traced = [f"runs/gpu/ddp_probe/{c}" for c in ("ddp_graph_traced", "ddp_graph_buckets_traced", "ddp_ro_split")
-              if cases.get(c).get("status") == "ok"]
+    traced = [f"runs/gpu/ddp_probe/{c}" for c in ("ddp_graph_traced", "ddp_graph_buckets_traced", "ddp_ro_split",
+                                                    "ddp_graph_traced_all") if cases.get(c).get("status") == "ok"]
     traces = summarize_traces(traced, OUT / "traces.txt")
     pack_traces(traced, OUT / "traces.tar.gz")
     print("\nper-rank traces (ms per profiled step; NCCL kernels per step; NCCL time hidden under compute):")
@@ -99,11 +105,30 @@ def main() -> int:
             if r["gpus"] > 1 and eff is not None:
                 figures[f"{r['case']}_efficiency"] = round(eff, 3)
     figures.update(trace_figures(traces))
+    if all(cases.get(c).get("status") == "ok" for c in ("1gpu_graph_traced", "ddp_graph_traced_all")):
+        figures["gap_traces"] = gap("runs/gpu/ddp_probe/1gpu_graph_traced", "runs/gpu/ddp_probe/ddp_graph_traced_all")
+        print("\nthe same graphed step traced on 1 GPU and on every DDP rank (ms per step):")
+        print(json.dumps(figures["gap_traces"], indent=1))
     # notebook 05 shows these (copy $OUT/05_ddp_probe.json to notebooks/reference/)
     reference.write(os.environ.get("PROBE_REF", "05_ddp_probe"), figures, script="scripts/gpu/ddp_probe.sh" + (" (CPU test mode)" if CPU else ""),
                     folder=OUT, **(dict(card="CPU", gpus=0, torch_version="cpu-test") if CPU else {}))
     print(f"\nwrote {', '.join(sorted(p.name for p in OUT.iterdir()))} to {OUT}")
     return 0 if any("img_s" in r for r in cases.records) else 1
+
+
+def gap(*run_dirs: str) -> dict:
+    """Where a DDP step's extra time goes: for each rank of each run, the GPU step, its parts and its kernels in
+    tl.roofline's classes (ms per profiled step), so a 1-GPU trace and the DDP ranks' can be set side by side."""
+    from tutorial_lib import roofline, trace_summary
+
+    out = {}
+    for d in run_dirs:
+        for t in trace_summary.summarize(d, top=100_000):  # every kernel: the classes need them all
+            out[f"{Path(d).name}_{t.worker}"] = {
+                "step_ms": round(t.step_ms, 3), "parts_ms": {k: round(v, 3) for k, v in t.parts_ms.items()},
+                "classes_ms": {k: round(v, 3) for k, v in roofline.kernel_classes(t.top_kernels).items()},
+                "kernels_per_step": round(sum(k["calls"] for k in t.top_kernels), 1)}
+    return out
 
 
 def trace_figures(traces: list[dict]) -> dict:
