@@ -53,3 +53,15 @@ def test_launch_reports_a_failing_run(tmp_path):
 
     with pytest.raises(tl.UserError, match="torchrun exited with code"):
         tl.launch(tiny(tmp_path / "bad", train_size=8, batch_size=16), nproc=2)
+
+
+def test_a_failed_launch_shows_a_ranks_own_last_words_above_torchruns_summary():
+    from tutorial_lib import distributed
+
+    lines = ([f"[rank0] step {i}\n" for i in range(30)] + ["terminate called without an active exception\n"]
+             + [f"[rank0] after {i}\n" for i in range(20)] + [f"summary line {i}\n" for i in range(12)])
+    text = distributed.failure_lines(lines)
+    assert text.startswith("terminate called without an active exception\n...")
+    assert text.endswith("summary line 11") and "summary line 0" in text
+    assert "step 3" not in text and "after 5" not in text  # the ordinary lines in between stay out
+    assert distributed.failure_lines(["a\n", "b\n"]) == "a\nb"

@@ -7,6 +7,7 @@ import ctypes
 import os
 import pickle
 import platform
+import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -93,6 +94,17 @@ def teardown(env: DistEnv) -> None:
         dist.destroy_process_group()
 
 
+# a rank's own last words, which torchrun's summary of the failure (the last lines it prints) leaves out
+_LAST_WORDS = re.compile(r"terminate called|Traceback|Error|Signal \d+|Aborted|Segmentation|core dumped", re.I)
+
+
+def failure_lines(lines: list[str], tail: int = 12, earlier: int = 8) -> str:
+    """The lines to show when a torchrun run failed: the last `tail` lines (torchrun's summary: which rank,
+    which exit code or signal) and, before them, up to `earlier` lines where a rank said what went wrong."""
+    said = [line for line in lines[:-tail] if _LAST_WORDS.search(line)][-earlier:]
+    return "".join([*said, *(["...\n"] if said else []), *lines[-tail:]]).strip()
+
+
 def is_comm_error(e: BaseException) -> bool:
     """A collective that failed because another rank did not answer (timeout, closed connection)."""
     backend_error = getattr(dist, "DistBackendError", ())
@@ -141,10 +153,11 @@ _HELD: dict = {}
 ctypes.pythonapi.Py_IncRef(ctypes.py_object(_HELD))
 
 
-def held(kind: str, *tensors: torch.Tensor) -> None:
-    """Keep `tensors` (the last collective of this `kind`) until the process ends; the previous ones of the same
-    kind are freed here, by this thread, long after their collective finished."""
-    _HELD[kind] = tensors
+def held(kind: str, *objects) -> None:
+    """Keep `objects` (the tensors of the last collective of this `kind`, or what holds them, like a DDP module)
+    until the process ends; the previous ones of the same kind are freed here, by this thread, long after their
+    collective finished."""
+    _HELD[kind] = objects
 
 
 def _device(env: DistEnv) -> torch.device:
@@ -235,6 +248,7 @@ def broadcast_(tensors: list, env: DistEnv, src: int = 0) -> None:
         by_dtype.setdefault(t.dtype, []).append(t)
     for group in by_dtype.values():
         flat = flatten(group)
+        held("broadcast", flat)
         dist.broadcast(flat, src)
         torch._foreach_copy_(group, views_of(flat, group))  # one kernel, not one per tensor (~60 BatchNorm buffers)
 

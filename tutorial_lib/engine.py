@@ -126,6 +126,7 @@ class Run:
                 net, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 bucket_cap_mb=cfg.ddp_bucket_cap_mb, static_graph=cfg.ddp_static_graph,
                 gradient_as_bucket_view=cfg.ddp_gradient_as_bucket_view, **off)
+            distributed.held("the DDP module", self.ddp)  # its tensors meet gloo's threads: none freed at exit
             if cfg.ddp_grad_dtype == "bf16":  # the buckets travel in bf16 (the flat all-reduce does the same)
                 self.ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
             if cfg.compile and cfg.ddp_compile != "inner":
@@ -533,6 +534,6 @@ def launch(cfg: TrainConfig, nproc: int, extra_env: dict | None = None, timeout:
             lines.append(line)
             print(line, end="", flush=True)
     if proc.wait(timeout) != 0:
-        tail = "".join(lines[-5:]).strip()
-        raise UserError(f"torchrun exited with code {proc.returncode}; its last lines:\n{tail}")
+        raise UserError(f"torchrun exited with code {proc.returncode}; what its processes said:\n"
+                        + distributed.failure_lines(lines))
     return load_result(cfg.out_dir) if command == "train" else None
