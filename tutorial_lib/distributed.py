@@ -143,12 +143,13 @@ def _silent_ranks(env: DistEnv, grace_s: float = 2.0) -> list[int]:
         return []
 
 
-# The tensors of each kind of collective last used, kept for the life of the process. torch keeps a gloo process
-# group, and its worker threads, alive after destroy_process_group. A worker that drops the last reference to a
-# tensor made in Python must take the interpreter's lock to free it; if the interpreter is already shutting down,
-# Python ends that thread, and the process aborts ("terminate called without an active exception", seen at the
-# end of DDP runs on a loaded CPU). A tensor Python still holds is never the worker's to free: so this dict holds
-# the last ones, and is itself never freed (the reference below is never given back), not even at shutdown.
+# A gloo collective hands its tensors to one of gloo's worker threads, which drops its reference when the work is
+# done, a little after the caller's wait() returned. For a tensor made in Python, dropping that reference takes the
+# interpreter's lock (torch gives the tensor's Python object back to Python). If the process has meanwhile reached
+# the interpreter's shutdown, Python ends that thread, and the process aborts ("terminate called without an
+# active exception": a core dump of a rank at the end of a loaded CPU run showed exactly this, in
+# ~AsyncAllreduceWork). So every collective here waits until gloo has let go of its tensors (`_let_go`), and
+# the tensors of each kind's last collective are kept for the life of the process in a dict never freed.
 _HELD: dict = {}
 ctypes.pythonapi.Py_IncRef(ctypes.py_object(_HELD))
 
@@ -158,6 +159,20 @@ def held(kind: str, *objects) -> None:
     until the process ends; the previous ones of the same kind are freed here, by this thread, long after their
     collective finished."""
     _HELD[kind] = objects
+
+
+def _uses(tensors) -> list[int]:
+    return [t._use_count() for t in tensors]  # C++ references: 1 when Python alone holds the tensor
+
+
+def _let_go(env: DistEnv, tensors, before: list[int], timeout_s: float = 2.0) -> None:
+    """Wait until gloo's worker threads hold no reference to `tensors` (each back to its count `before` the
+    collective): no worker touches a Python tensor after this returns, so none can during shutdown."""
+    if env.backend != "gloo":
+        return
+    deadline = time.monotonic() + timeout_s
+    while any(t._use_count() > b for t, b in zip(tensors, before)) and time.monotonic() < deadline:
+        time.sleep(0.0002)
 
 
 def _device(env: DistEnv) -> torch.device:
@@ -174,21 +189,27 @@ def all_gather(value, env: DistEnv) -> list:
     sizes = [torch.zeros_like(size) for _ in range(env.world_size)]
     with collective("all_gather", env):
         held("all_gather sizes", size, *sizes)
+        before = _uses([size, *sizes])
         dist.all_gather(sizes, size)
+        _let_go(env, [size, *sizes], before)
         n = max(int(s.item()) for s in sizes)
         mine = torch.zeros(n, dtype=torch.uint8, device=_device(env))
         mine[:data.numel()] = data.to(mine.device)
         out = [torch.empty_like(mine) for _ in range(env.world_size)]
         held("all_gather", mine, *out)
+        before = _uses([mine, *out])
         dist.all_gather(out, mine)
+        _let_go(env, [mine, *out], before)
     return [pickle.loads(o[:int(s.item())].cpu().numpy().tobytes()) for o, s in zip(out, sizes)]
 
 
 def all_reduce(t: torch.Tensor, env: DistEnv, name: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
     """All-reduce `t` in place over the ranks (a `held` tensor, a `collective` error naming the silent ranks)."""
     held(name, t)
+    before = _uses([t])
     with collective(name, env):
         dist.all_reduce(t, op=op)
+    _let_go(env, [t], before)
     return t
 
 
@@ -226,10 +247,14 @@ def start_average(params: list, env: DistEnv, dtype: torch.dtype | None = None):
     sent = flat.to(dtype) if dtype is not None and dtype != flat.dtype else flat
     average = env.backend == "nccl"  # NCCL averages as it sums: no extra pass over the buffer; gloo has no AVG
     held("gradients", sent)
+    before = _uses([sent])
     work = dist.all_reduce(sent, op=dist.ReduceOp.AVG if average else dist.ReduceOp.SUM, async_op=True)
 
     def land() -> None:
+        nonlocal work
         work.wait()
+        work = None
+        _let_go(env, [sent], before)
         if not average:
             sent.div_(env.world_size)
         if sent is not flat:
@@ -288,12 +313,11 @@ class StopVote:
             return flag
         seen = False
         if self.pending is not None:
-            host, done = self.pending
-            done.synchronize() if isinstance(done, torch.cuda.Event) else done.wait()
-            seen = bool(host.item())
+            seen = bool(self._land().item())
         nccl = self.env.backend == "nccl"
         t = torch.full((1,), int(flag), dtype=torch.int32, device=_device(self.env))
         held("stop vote", t)
+        before = _uses([t])
         work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
         if nccl:
             work.wait()  # with NCCL: the current stream waits for the all-reduce; the host does not
@@ -301,15 +325,23 @@ class StopVote:
             host.copy_(t, non_blocking=True)
             done = torch.cuda.Event()
             done.record()
-            self.pending = (host, done)
+            self.pending = (host, done, None)
         else:
-            self.pending = (t, work)
+            self.pending = (t, work, before)
         return seen
+
+    def _land(self) -> torch.Tensor:
+        """Wait for the vote cast last (and, with gloo, for its worker to let go of it); its answer."""
+        host, done, before = self.pending
+        self.pending = None
+        done.synchronize() if isinstance(done, torch.cuda.Event) else done.wait()
+        del done
+        if before is not None:
+            _let_go(self.env, [host], before)
+        return host
 
     def settle(self) -> None:
         """Wait for the last vote cast, whose answer nobody reads: no collective may still be in flight when the
         process group is torn down (a gloo rank was seen to abort at exit, after its run had finished)."""
         if self.pending is not None:
-            _, done = self.pending
-            done.synchronize() if isinstance(done, torch.cuda.Event) else done.wait()
-            self.pending = None
+            self._land()
