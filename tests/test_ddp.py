@@ -65,3 +65,29 @@ def test_a_failed_launch_shows_a_ranks_own_last_words_above_torchruns_summary():
     assert text.endswith("summary line 11") and "summary line 0" in text
     assert "step 3" not in text and "after 5" not in text  # the ordinary lines in between stay out
     assert distributed.failure_lines(["a\n", "b\n"]) == "a\nb"
+
+
+def test_collectives_return_only_once_gloo_has_let_go_of_their_tensors():
+    """The wait that keeps a gloo worker from touching a Python tensor during shutdown: another holder (here a
+    view, dropped by another thread as a worker drops its work) keeps _let_go waiting until it is gone."""
+    import threading
+    import time
+
+    import torch
+
+    from tutorial_lib import distributed
+
+    gloo = distributed.DistEnv(world_size=2, launched=True, backend="gloo")
+    t = torch.ones(4)
+    before = distributed._uses([t])
+    view = [t[:2]]  # a second C++ reference to t, like the one a worker holds until it drops its work
+    assert t._use_count() > before[0]
+    threading.Timer(0.2, view.clear).start()
+    start = time.monotonic()
+    distributed._let_go(gloo, [t], before)
+    assert time.monotonic() - start >= 0.15 and t._use_count() == before[0]
+    nccl = distributed.DistEnv(world_size=2, launched=True, backend="nccl")  # NCCL's works: not waited for
+    view.append(t[:2])
+    start = time.monotonic()
+    distributed._let_go(nccl, [t], before)
+    assert time.monotonic() - start < 0.1
