@@ -79,12 +79,13 @@ def test_collectives_return_only_once_gloo_has_let_go_of_their_tensors():
 
     gloo = distributed.DistEnv(world_size=2, launched=True, backend="gloo")
     t = torch.ones(4)
-    before = distributed._uses([t])
+    before = [t._use_count()]
+    done = distributed._hand_over(gloo, "test", t)
     view = [t[:2]]  # a second C++ reference to t, like the one a worker holds until it drops its work
     assert t._use_count() > before[0]
     threading.Timer(0.2, view.clear).start()
     start = time.monotonic()
-    distributed._let_go(gloo, [t], before)
+    done()
     assert time.monotonic() - start >= 0.15 and t._use_count() == before[0]
     nccl = distributed.DistEnv(world_size=2, launched=True, backend="nccl")  # NCCL's works: not waited for
     view.append(t[:2])

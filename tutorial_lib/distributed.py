@@ -148,21 +148,20 @@ def _silent_ranks(env: DistEnv, grace_s: float = 2.0) -> list[int]:
 # interpreter's lock (torch gives the tensor's Python object back to Python). If the process has meanwhile reached
 # the interpreter's shutdown, Python ends that thread, and the process aborts ("terminate called without an
 # active exception": a core dump of a rank at the end of a loaded CPU run showed exactly this, in
-# ~AsyncAllreduceWork). So every collective here waits until gloo has let go of its tensors (`_let_go`), and
-# the tensors of each kind's last collective are kept for the life of the process in a dict never freed.
+# ~AsyncAllreduceWork). So every collective here hands its tensors over through `_hand_over`: the caller gets them
+# back only once gloo has let go of them, and each kind's last ones are kept for the life of the process in a dict
+# never freed.
 _HELD: dict = {}
 ctypes.pythonapi.Py_IncRef(ctypes.py_object(_HELD))
 
 
-def held(kind: str, *objects) -> None:
-    """Keep `objects` (the tensors of the last collective of this `kind`, or what holds them, like a DDP module)
-    until the process ends; the previous ones of the same kind are freed here, by this thread, long after their
-    collective finished."""
-    _HELD[kind] = objects
-
-
-def _uses(tensors) -> list[int]:
-    return [t._use_count() for t in tensors]  # C++ references: 1 when Python alone holds the tensor
+def _hand_over(env: DistEnv, kind: str, *tensors: torch.Tensor):
+    """Before a collective of this `kind` on `tensors`: keep them until the process ends (the previous ones of
+    the same kind are freed here, by this thread), and return the function to call once the collective is done
+    and its work dropped, which waits until gloo's threads have let go of them."""
+    _HELD[kind] = tensors
+    before = [t._use_count() for t in tensors]  # C++ references: 1 when Python alone holds the tensor
+    return lambda: _let_go(env, tensors, before)
 
 
 def _let_go(env: DistEnv, tensors, before: list[int], timeout_s: float = 2.0) -> None:
@@ -181,35 +180,33 @@ def _device(env: DistEnv) -> torch.device:
 
 def all_gather(value, env: DistEnv) -> list:
     """Every rank's `value` (any picklable), on every rank; [value] when not distributed. (torch's
-    all_gather_object, with tensors that are `held`.)"""
+    all_gather_object, its tensors handed over through `_hand_over`.)"""
     if not env.distributed:
         return [value]
     data = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8)
     size = torch.tensor([data.numel()], dtype=torch.long, device=_device(env))
     sizes = [torch.zeros_like(size) for _ in range(env.world_size)]
     with collective("all_gather", env):
-        held("all_gather sizes", size, *sizes)
-        before = _uses([size, *sizes])
+        done = _hand_over(env, "all_gather sizes", size, *sizes)
         dist.all_gather(sizes, size)
-        _let_go(env, [size, *sizes], before)
+        done()
         n = max(int(s.item()) for s in sizes)
         mine = torch.zeros(n, dtype=torch.uint8, device=_device(env))
         mine[:data.numel()] = data.to(mine.device)
         out = [torch.empty_like(mine) for _ in range(env.world_size)]
-        held("all_gather", mine, *out)
-        before = _uses([mine, *out])
+        done = _hand_over(env, "all_gather", mine, *out)
         dist.all_gather(out, mine)
-        _let_go(env, [mine, *out], before)
+        done()
     return [pickle.loads(o[:int(s.item())].cpu().numpy().tobytes()) for o, s in zip(out, sizes)]
 
 
 def all_reduce(t: torch.Tensor, env: DistEnv, name: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
-    """All-reduce `t` in place over the ranks (a `held` tensor, a `collective` error naming the silent ranks)."""
-    held(name, t)
-    before = _uses([t])
+    """All-reduce `t` in place over the ranks (handed over through `_hand_over`; a `collective` error naming the
+    silent ranks)."""
+    done = _hand_over(env, name, t)
     with collective(name, env):
         dist.all_reduce(t, op=op)
-    _let_go(env, [t], before)
+    done()
     return t
 
 
@@ -246,15 +243,14 @@ def start_average(params: list, env: DistEnv, dtype: torch.dtype | None = None):
     flat = flatten(grads)
     sent = flat.to(dtype) if dtype is not None and dtype != flat.dtype else flat
     average = env.backend == "nccl"  # NCCL averages as it sums: no extra pass over the buffer; gloo has no AVG
-    held("gradients", sent)
-    before = _uses([sent])
+    done = _hand_over(env, "gradients", sent)
     work = dist.all_reduce(sent, op=dist.ReduceOp.AVG if average else dist.ReduceOp.SUM, async_op=True)
 
     def land() -> None:
         nonlocal work
         work.wait()
         work = None
-        _let_go(env, [sent], before)
+        done()
         if not average:
             sent.div_(env.world_size)
         if sent is not flat:
@@ -273,8 +269,9 @@ def broadcast_(tensors: list, env: DistEnv, src: int = 0) -> None:
         by_dtype.setdefault(t.dtype, []).append(t)
     for group in by_dtype.values():
         flat = flatten(group)
-        held("broadcast", flat)
+        done = _hand_over(env, "broadcast", flat)
         dist.broadcast(flat, src)
+        done()
         torch._foreach_copy_(group, views_of(flat, group))  # one kernel, not one per tensor (~60 BatchNorm buffers)
 
 
@@ -316,28 +313,26 @@ class StopVote:
             seen = bool(self._land().item())
         nccl = self.env.backend == "nccl"
         t = torch.full((1,), int(flag), dtype=torch.int32, device=_device(self.env))
-        held("stop vote", t)
-        before = _uses([t])
+        done = _hand_over(self.env, "stop vote", t)
         work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
         if nccl:
             work.wait()  # with NCCL: the current stream waits for the all-reduce; the host does not
             host = torch.empty(1, dtype=t.dtype, pin_memory=True)
             host.copy_(t, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record()
-            self.pending = (host, done, None)
+            ready = torch.cuda.Event()
+            ready.record()
+            self.pending = (host, ready, done)
         else:
-            self.pending = (t, work, before)
+            self.pending = (t, work, done)
         return seen
 
     def _land(self) -> torch.Tensor:
         """Wait for the vote cast last (and, with gloo, for its worker to let go of it); its answer."""
-        host, done, before = self.pending
+        host, ready, let_go = self.pending
         self.pending = None
-        done.synchronize() if isinstance(done, torch.cuda.Event) else done.wait()
-        del done
-        if before is not None:
-            _let_go(self.env, [host], before)
+        ready.synchronize() if isinstance(ready, torch.cuda.Event) else ready.wait()
+        del ready  # gloo: the work, whose last reference the worker must not be left holding
+        let_go()
         return host
 
     def settle(self) -> None:

@@ -126,7 +126,6 @@ class Run:
                 net, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 bucket_cap_mb=cfg.ddp_bucket_cap_mb, static_graph=cfg.ddp_static_graph,
                 gradient_as_bucket_view=cfg.ddp_gradient_as_bucket_view, **off)
-            distributed.held("the DDP module", self.ddp)  # its tensors meet gloo's threads: none freed at exit
             if cfg.ddp_grad_dtype == "bf16":  # the buckets travel in bf16 (the flat all-reduce does the same)
                 self.ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
             if cfg.compile and cfg.ddp_compile != "inner":
