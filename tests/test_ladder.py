@@ -239,6 +239,7 @@ def test_performance_doc_names_card_torch_date_and_what_limits_the_last_rung():
     doc = ladder.performance_doc([rec])
     assert "## NVIDIA H200 (torch 2.11.0, 2026-11-26)" in doc and "| fp32 | fp32 | 256 | 9,000 |" in doc
     assert "### What limits the last rung" in doc and "compute 90%" in doc and "`sm90_xmma_fprop` | 20 |" in doc
+    assert "No reference run on an H100 yet" in doc and "No reference run on an H200" not in doc  # says what is missing
 
 
 def test_kernel_classes_put_fused_triton_before_the_words_it_fuses():

@@ -19,7 +19,7 @@ def result(gpus=1, batch=1024, img_s=60_000.0, device=CARD, history=(), **cfg) -
     config = TrainConfig(**{"batch_size": batch, "precision": "bf16", "channels_last": True, "parallel": parallel,
                             **cfg}).to_dict()
     return {"config": config, "device": device, "world_size": gpus, "steps": 100, "global_batch": batch * gpus,
-            "throughput_img_s": img_s, "step_time_ms": {"median": 1000 * batch * gpus / img_s}, "loss": [],
+            "throughput_img_s": img_s, "step_time_ms": {"median": img_s and 1000 * batch * gpus / img_s}, "loss": [],
             "final_loss": 1.0, "val_accuracy": None, "wall_time_s": 10.0, "val_history": [list(h) for h in history]}
 
 
@@ -111,17 +111,32 @@ def test_time_to_target_is_the_first_validation_at_or_above_it():
     assert scaling.time_to_target(r, 0.95) is None
 
 
+def test_a_race_over_seeds_reports_the_spread_of_speedups_and_counts_misses():
+    seeds = {"seeds": [0, 1, 2, 3], "1gpu_s": [2.0, 3.0, 2.5, None], "linear_s": [0.5, 1.5, 0.5, 0.7],
+             "none_s": [1.0, None, "skipped", 1.0]}
+    s = scaling.race_summary(seeds)
+    assert s["linear"]["seeds"] == 3 and s["linear"]["missed"] == 0  # seed 3: the 1-GPU run never got there
+    assert (s["linear"]["min"], s["linear"]["median"], s["linear"]["max"]) == (2.0, 4.0, 5.0)
+    assert s["linear"]["of_means"] == pytest.approx(7.5 / 2.5)
+    assert s["none"] == {"seeds": 1, "missed": 1, "min": 2.0, "max": 2.0, "median": 2.0, "of_means": 2.0}
+    table = scaling.race_table(seeds)
+    assert "| 0 | 2.00 | 0.50 (4.00x) | 1.00 (2.00x) |" in table
+    assert "| 1 | 3.00 | 1.50 (2.00x) | missed |" in table and "| skipped |" in table
+    assert "| median speedup | | 4.00x | 2.00x |" in table
+
+
 def test_ledger_collects_every_result_json_into_a_table_and_csv(tmp_path):
-    for name, gpus, img_s in (("weak/1gpu", 1, 60_000.0), ("weak/4gpu", 4, 230_000.0)):
+    for name, gpus, img_s in (("weak/1gpu", 1, 60_000.0), ("weak/4gpu", 4, 230_000.0), ("race", 4, None)):
         r = result(gpus, img_s=img_s)
         Result(**{**{k: r.get(k) for k in Result.__dataclass_fields__}, "data_wait_ms": 0.0, "peak_memory_mb": None,
                   "param_checksums": [], "resumed_from_step": None, "torch_version": "2.11"}).save(
             (tmp_path / name).mkdir(parents=True) or tmp_path / name)
     rows = scaling.ledger(tmp_path)
-    assert [r["run"] for r in rows] == ["weak/1gpu", "weak/4gpu"]
+    assert [r["run"] for r in rows] == ["race", "weak/1gpu", "weak/4gpu"]  # race: the target before a timed step
+    rows = rows[1:]
     assert scaling.efficiency(rows[1], rows[0]).efficiency == pytest.approx(230 / 240)
-    table = scaling.markdown_table(rows)
-    assert "| weak/4gpu | NVIDIA H200 | 4 | 1024 | 4096 | bf16 |" in table
+    table = scaling.markdown_table(scaling.ledger(tmp_path))
+    assert "| weak/4gpu | NVIDIA H200 | 4 | 1024 | 4096 | bf16 |" in table and "| race | NVIDIA H200 | 4 |" in table
     lines = list(csv.DictReader(scaling.write_csv(rows, tmp_path / "ledger.csv").open()))
     assert [(l["gpus"], l["throughput_img_s"]) for l in lines] == [("1", "60000.0"), ("4", "230000.0")]
     with pytest.raises(UserError, match="is not a folder"):
@@ -169,3 +184,13 @@ def test_grad_sync_false_lets_the_ranks_drift_apart(tmp_path):
     assert synced["param_checksums"][0] == synced["param_checksums"][1]
     assert apart["param_checksums"][0] != apart["param_checksums"][1]  # each rank followed its own gradients
     assert apart["config"]["grad_sync"] is False and apart["world_size"] == 2
+
+
+def test_races_pool_into_one_with_missing_rules_marked_skipped():
+    a = {"seeds": [0, 1], "1gpu_s": [2.0, 3.0], "linear_s": [1.0, 1.0], "sqrt_s": [0.5, None]}
+    b = {"seeds": [0], "1gpu_s": [4.0], "linear_s": [2.0]}
+    pooled = scaling.pool_races([a, b])
+    assert pooled == {"seeds": [0, 1, 0], "1gpu_s": [2.0, 3.0, 4.0], "linear_s": [1.0, 1.0, 2.0],
+                      "sqrt_s": [0.5, None, "skipped"]}
+    assert scaling.speedups(pooled, "linear") == [2.0, 3.0, 2.0] and scaling.speedups(pooled, "sqrt") == [4.0]
+    assert scaling.race_summary(pooled)["sqrt"]["missed"] == 1

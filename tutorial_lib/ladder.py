@@ -401,6 +401,9 @@ def bench_section(figures: dict) -> list[str]:
     return out
 
 
+DOC_CARDS = ("H100", "H200")  # the cards docs/performance.md has a section for
+
+
 def performance_doc(records: list[dict], rooflines: list[dict] = ()) -> str:
     """docs/performance.md: the ladder of each reference record (one per card), its targets and its limits;
     `rooflines`: records of `ladder --roofline` (kernel classes against the peak), shown under their card."""
@@ -438,4 +441,7 @@ def performance_doc(records: list[dict], rooflines: list[dict] = ()) -> str:
             out += roofline.small_batch_lines(roof["figures"]["traces"])
     if not records:
         out += ["", "(no reference run yet: run scripts/gpu/ladder.sh on a GPU node)"]
+    for card in (c for c in DOC_CARDS if not any(c in r["card"] for r in records)):
+        out += ["", f"## NVIDIA {card}", "", f"No reference run on an {card} yet: `scripts/gpu/ladder.sh` on one "
+                                              "writes `04_ladder_" + card.lower() + ".json`, and its table here."]
     return "\n".join(out) + "\n"

@@ -180,6 +180,60 @@ def time_to_target(result, target: float) -> float | None:
     return None
 
 
+def race_summary(seeds: dict) -> dict:
+    """A race run with several seeds ({"seeds": [...], "1gpu_s": [...], "<rule>_s": [...]}: seconds to the target,
+    None where a run never reached it, "skipped" where it did not run) summarised per rule: the median and range
+    of the per-seed speedups and the ratio of the mean times, over the seeds where both runs reached the target;
+    `missed`: the rule's runs that never reached it."""
+    out = {}
+    for key in (k for k in seeds if k.endswith("_s") and k != "1gpu_s"):
+        pairs = [(o, t) for o, t in zip(seeds["1gpu_s"], seeds[key]) if reached(o) and reached(t)]
+        ups = sorted(o / t for o, t in pairs)
+        entry = out[key[:-2]] = {"seeds": len(ups), "missed": sum(t is None for t in seeds[key])}
+        if ups:
+            mid = len(ups) // 2
+            entry.update(min=ups[0], max=ups[-1], median=ups[mid] if len(ups) % 2 else (ups[mid - 1] + ups[mid]) / 2,
+                         of_means=sum(o for o, _ in pairs) / sum(t for _, t in pairs))
+    return out
+
+
+def reached(v) -> bool:
+    """Whether a race's entry is a time to the target (not None: never reached; not "skipped": not run)."""
+    return isinstance(v, (int, float)) and v > 0
+
+
+def speedups(seeds: dict, rule: str) -> list[float]:
+    """The per-seed speedups of `rule` over 1 GPU, where both runs reached the target."""
+    return [o / t for o, t in zip(seeds["1gpu_s"], seeds.get(f"{rule}_s", [])) if reached(o) and reached(t)]
+
+
+def pool_races(races) -> dict:
+    """Several seed races (as race_summary takes them) as one, a rule missing from a race marked "skipped"."""
+    races = list(races)
+    rules = list(dict.fromkeys(k for r in races for k in r if k.endswith("_s")))
+    return {"seeds": [s for r in races for s in r["seeds"]],
+            **{k: [v for r in races for v in r.get(k, ["skipped"] * len(r["seeds"]))] for k in rules}}
+
+
+def race_table(seeds: dict) -> str:
+    """The seed-by-seed race as a Markdown table: seconds to the target per seed and rule, then the speedups."""
+    rules = [k[:-2] for k in seeds if k.endswith("_s") and k != "1gpu_s"]
+    sec = lambda v: f"{v:.2f}" if reached(v) else "missed" if v is None else str(v)  # noqa: E731
+    lines = ["| seed | 1 GPU s | " + " | ".join(f"{r} s (x)" for r in rules) + " |", "|" + " ---: |" * (2 + len(rules))]
+    for i, seed in enumerate(seeds["seeds"]):
+        one, cells = seeds["1gpu_s"][i], []
+        for r in rules:
+            t = seeds[f"{r}_s"][i]
+            cells.append(sec(t) + (f" ({one / t:.2f}x)" if reached(one) and reached(t) else ""))
+        lines.append(f"| {seed} | {sec(one)} | " + " | ".join(cells) + " |")
+    summary = race_summary(seeds)
+    for what in ("median", "min", "max", "of_means"):
+        label = {"of_means": "mean 1 GPU / mean N GPUs"}.get(what, f"{what} speedup")
+        lines.append(f"| {label} | | " + " | ".join(
+            f"{summary[r][what]:.2f}x" if what in summary[r] else "-" for r in rules) + " |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------- Slurm jobs
 def write_jobs(cfg: TrainConfig, gpus=(1, 2, 4), nodes: int = 2, prefix: str = "06",
                out: str = "runs/06_scaling", **write_kw) -> list[Path]:
@@ -245,7 +299,7 @@ def ledger_row(r: dict) -> dict:
     c = r["config"]
     return {"run": r.get("run", c["out_dir"]), "device": r["device"], "gpus": r["world_size"],
             "batch_per_gpu": batch_per_gpu(r), "global_batch": r["global_batch"], "precision": c["precision"],
-            "grad_sync": c.get("grad_sync", True), "throughput_img_s": round(r["throughput_img_s"], 1),
+            "grad_sync": c.get("grad_sync", True), "throughput_img_s": _round(r["throughput_img_s"], 1),
             "step_ms": _round(r["step_time_ms"]["median"], 2), "val_accuracy": r["val_accuracy"],
             "steps": r["steps"], "lr": c["lr"], "warmup_steps": c["warmup_steps"],
             "seconds": round(r["wall_time_s"], 1)}

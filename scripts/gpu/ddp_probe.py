@@ -23,6 +23,7 @@ DDP = dict(parallel="ddp")
 TRACE_ALL = dict(profile=True, profile_ranks="all", profile_wait=150, profile_active=3, profile_memory=False,
                  profile_record_shapes=False)
 TRACE_RANK0 = {**TRACE_ALL, "profile_ranks": "0"}
+TRACE_B1024 = dict(profile_wait=100)  # B1024 runs 120 steps: the profiled ones come after the timed window
 
 
 def main() -> int:
@@ -64,6 +65,9 @@ def main() -> int:
         # NCCL's protocol for the 45 MB flat all-reduce inside the graph (its tuner picked LL on 4x H200)
         ("ddp_graph_nccl_simple", n, dict(DDP, **GRAPH), 55, {"NCCL_PROTO": "Simple"}),
         ("ddp_graph_nccl_ll128", n, dict(DDP, **GRAPH), 55, {"NCCL_PROTO": "LL128"}),
+        # the gap at batch 1024, the same way
+        ("1gpu_graph_b1024_traced", 1, {**GRAPH, **B1024, **TRACE_RANK0, **TRACE_B1024}, 55),
+        ("ddp_graph_b1024_traced_all", n, {**DDP, **GRAPH, **B1024, **TRACE_ALL, **TRACE_B1024}, 65),
     ]
     only = [c for c in os.environ.get("PROBE_CASES", "").split(",") if c]  # a subset, by name (singles always run)
     unknown = set(only) - {c[0] for c in ddp}
@@ -78,7 +82,8 @@ def main() -> int:
     text = table(cases.records, singles, device)
     print("\n" + text, flush=True)
     traced = [f"runs/gpu/ddp_probe/{c}" for c in ("ddp_graph_traced", "ddp_graph_buckets_traced", "ddp_ro_split",
-                                                    "ddp_graph_traced_all") if cases.get(c).get("status") == "ok"]
+                                                    "ddp_graph_traced_all", "ddp_graph_b1024_traced_all")
+              if cases.get(c).get("status") == "ok"]
     traces = summarize_traces(traced, OUT / "traces.txt")
     pack_traces(traced, OUT / "traces.tar.gz")
     print("\nper-rank traces (ms per profiled step; NCCL kernels per step; NCCL time hidden under compute):")
@@ -105,10 +110,12 @@ def main() -> int:
             if r["gpus"] > 1 and eff is not None:
                 figures[f"{r['case']}_efficiency"] = round(eff, 3)
     figures.update(trace_figures(traces))
-    if all(cases.get(c).get("status") == "ok" for c in ("1gpu_graph_traced", "ddp_graph_traced_all")):
-        figures["gap_traces"] = gap("runs/gpu/ddp_probe/1gpu_graph_traced", "runs/gpu/ddp_probe/ddp_graph_traced_all")
-        print("\nthe same graphed step traced on 1 GPU and on every DDP rank (ms per step):")
-        print(json.dumps(figures["gap_traces"], indent=1))
+    for key, one, many in (("gap_traces", "1gpu_graph_traced", "ddp_graph_traced_all"),
+                           ("gap_traces_b1024", "1gpu_graph_b1024_traced", "ddp_graph_b1024_traced_all")):
+        if all(cases.get(c).get("status") == "ok" for c in (one, many)):
+            figures[key] = gap(f"runs/gpu/ddp_probe/{one}", f"runs/gpu/ddp_probe/{many}")
+            print(f"\n{key}: the same graphed step traced on 1 GPU and on every DDP rank (ms per step):")
+            print(json.dumps(figures[key], indent=1))
     # notebook 05 shows these (copy $OUT/05_ddp_probe.json to notebooks/reference/)
     reference.write(os.environ.get("PROBE_REF", "05_ddp_probe"), figures, script="scripts/gpu/ddp_probe.sh" + (" (CPU test mode)" if CPU else ""),
                     folder=OUT, **(dict(card="CPU", gpus=0, torch_version="cpu-test") if CPU else {}))

@@ -13,6 +13,10 @@
 # Writes notebooks/reference/06_scaling.json (tl.reference) and, in $OUT: 06_scaling.json, scaling.csv and
 # scaling.md (the ledger of every result.json), runs.tgz (those files), scaling.log. About 6-7 minutes on
 # 4x H100/H200; stages 5 and 6 are skipped after the 5th minute (the figures are written after each stage).
+# The race with several seeds (each seed its own data, initialisation and order, the same on 1 and N GPUs):
+#   STAGES=tta SEEDS=0,1,2,3 REF=06_tta_seeds bash scripts/gpu/scaling.sh
+# runs every seed's 1-GPU run (at the same time, one per GPU), sets one target from all of them, then races
+# seed by seed with each rule (RULES=linear,none,sqrt), until TTA_BUDGET s (default: no limit) have passed.
 #
 #     OUT=build/gpu/scaling bash scripts/gpu/scaling.sh          # on the GPU node
 #     SMALL=1 OUT=build/gpu-small bash scripts/gpu/scaling.sh    # every stage on CPU: gloo, 2 processes, tiny
@@ -31,6 +35,11 @@ import tutorial_lib as tl
 from tutorial_lib import reference, scaling
 
 SMALL, OUT, RUNS = os.environ["SMALL"] == "1", os.environ["OUT"], "runs/06_gpu"
+STAGES = [x for x in os.environ.get("STAGES", "").split(",") if x]  # a subset of the stages, by name (default: all)
+SEEDS = [int(x) for x in os.environ.get("SEEDS", "0").split(",")]  # the race's seeds
+RULES = os.environ.get("RULES", "linear,sqrt,none").split(",")  # the race's learning-rate rules, in order
+TTA_BUDGET = float(os.environ.get("TTA_BUDGET", "inf"))  # seconds after which no further race starts
+REF = os.environ.get("REF", "06_scaling")  # the reference file's name
 P = lambda small, full: small if SMALL else full  # noqa: E731
 T0, BUDGET = time.time(), P(3600, 330)  # seconds after which the optional stages (5, 6) are skipped
 CUDA = torch.cuda.is_available() and not SMALL
@@ -73,8 +82,37 @@ def run(label, cfg, n, bench=False):
     return scaling.as_dict(r)
 
 
+def run_ones(jobs):
+    """1-GPU runs (label, cfg) at the same time, one per GPU (on a CPU: one after the other); their results."""
+    if not CUDA:
+        return [run(label, cfg, 1) for label, cfg in jobs]
+    results = []
+    for first in range(0, len(jobs), N):
+        started = []
+        for gpu, (label, cfg) in enumerate(jobs[first:first + N]):
+            cfg = cfg.replace(out_dir=f"{RUNS}/{label}", parallel="none")
+            words = [sys.executable, "-m", "tutorial_lib", "train", *cfg.to_overrides()]
+            print(f"$ CUDA_VISIBLE_DEVICES={gpu} " + " ".join(words[1:]), flush=True)
+            os.makedirs(cfg.out_dir, exist_ok=True)
+            log = open(f"{cfg.out_dir}/train.log", "w")
+            started.append((label, cfg, log, subprocess.Popen(
+                words, env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}, stdout=log, stderr=subprocess.STDOUT)))
+        for label, cfg, log, proc in started:
+            proc.wait()
+            log.close()
+            if proc.returncode:
+                print(open(log.name).read()[-3000:])
+                raise RuntimeError(f"{label} failed (exit {proc.returncode}): its output above")
+            r = tl.load_result(cfg.out_dir)
+            print(f"-- {label}: {r.summary()} ({elapsed():.0f} s in all)", flush=True)
+            results.append(scaling.as_dict(r))
+    return results
+
+
 def stage(name, fn):
     """Run one stage; a failure is reported and the next stage runs (the figures so far are kept)."""
+    if STAGES and name not in STAGES:
+        return
     if elapsed() > BUDGET and name not in ("weak", "nosync", "tta", "baseline"):
         print(f"== {name}: skipped ({elapsed():.0f} s > {BUDGET} s)")
         return
@@ -90,10 +128,10 @@ def stage(name, fn):
 def save():
     figures["seconds"] = round(elapsed())
     if SMALL:
-        reference.write("06_scaling", figures, script="scripts/gpu/scaling.sh", card="CPU (small mode)", gpus=N,
+        reference.write(REF, figures, script="scripts/gpu/scaling.sh", card="CPU (small mode)", gpus=N,
                         torch_version=torch.__version__, folder=OUT)
     else:
-        shutil.copy(reference.write("06_scaling", figures, script="scripts/gpu/scaling.sh"), OUT)
+        shutil.copy(reference.write(REF, figures, script="scripts/gpu/scaling.sh"), OUT)
 
 
 weak, tta_runs = {}, {}
@@ -126,28 +164,42 @@ WARMUP_IMAGES = P(64, 100_000)
 
 
 def time_to_accuracy():  # 3. 1 GPU sets the target; N GPUs with each learning-rate rule race to it
-    one = tta_runs[1] = run("tta_1gpu", scaling.lr_recipe(TTA, 1, TTA.batch_size, "none", WARMUP_IMAGES), 1)
-    last = [h[2] for h in one["val_history"][-3:]]
+    many = len(SEEDS) > 1  # several seeds: labels carry the seed, and the spread is recorded
+    name = lambda what, seed: f"{what}_seed{seed}" if many else what  # noqa: E731
+    ones = run_ones([(name("tta_1gpu", s), scaling.lr_recipe(TTA, 1, TTA.batch_size, "none", WARMUP_IMAGES)
+                      .replace(seed=s)) for s in SEEDS])
+    last = [h[2] for one in ones for h in one["val_history"][-3:]]
     target = int(0.98 * sum(last) / len(last) * 200) / 200  # what 1 GPU holds at the end, less 2%, down to 0.5%
-    figures.update(target_accuracy=target, tta_rule="98% of the mean of the 1-GPU run's last 3 validations",
-                   tta_1gpu_s=scaling.time_to_target(one, target), tta_1gpu_history=one["val_history"],
+    tta_runs[1] = ones[0]
+    figures.update(target_accuracy=target, tta_rule="98% of the mean of the 1-GPU run's last 3 validations"
+                   + (" (every seed's)" if many else ""),
+                   tta_1gpu_s=scaling.time_to_target(ones[0], target), tta_1gpu_history=ones[0]["val_history"],
                    tta_warmup_images=WARMUP_IMAGES, tta_base_lr=TTA.lr, tta_steps_1gpu=TTA.steps,
                    tta_batch_per_gpu=TTA.batch_size)
-    print(f"target accuracy {100 * target:.1f}%: 1 GPU after {figures['tta_1gpu_s']} s")
-    for rule in ("linear", "sqrt", "none"):
-        cfg = scaling.lr_recipe(TTA, N, TTA.batch_size, rule, WARMUP_IMAGES).replace(
-            steps=2 * TTA.steps // N, eval_every=max(1, TTA.eval_every // N), target_accuracy=target)
-        r = tta_runs[rule] = run(f"tta_{N}gpu_{rule}", cfg, N)
-        seconds = scaling.time_to_target(r, target)
-        figures[f"tta_{N}gpu_{rule}_s"], figures[f"tta_{N}gpu_{rule}_history"] = seconds, r["val_history"]
-        figures[f"tta_{N}gpu_{rule}_lr"] = cfg.lr
-        figures[f"tta_{N}gpu_{rule}_warmup_steps"] = cfg.warmup_steps
-        if seconds and figures["tta_1gpu_s"]:
-            figures[f"tta_{N}gpu_{rule}_speedup"] = round(figures["tta_1gpu_s"] / seconds, 2)
-        print(f"{N} GPUs, {rule} rule (lr {cfg.lr:.2g}): {seconds} s to {100 * target:.1f}%")
-        save()
-
-
+    seeds = figures["tta_seeds"] = {"seeds": SEEDS, "1gpu_s": [scaling.time_to_target(o, target) for o in ones]}
+    print(f"target accuracy {100 * target:.1f}%: 1 GPU after {seeds['1gpu_s']} s (seeds {SEEDS})")
+    for i, seed in enumerate(SEEDS):
+        for rule in RULES:
+            if elapsed() > TTA_BUDGET:
+                print(f"race seed {seed}, {rule}: skipped ({elapsed():.0f} s > TTA_BUDGET {TTA_BUDGET:.0f} s)")
+                seeds.setdefault(f"{rule}_s", ["skipped"] * len(SEEDS))
+                continue
+            cfg = scaling.lr_recipe(TTA, N, TTA.batch_size, rule, WARMUP_IMAGES).replace(
+                steps=2 * TTA.steps // N, eval_every=max(1, TTA.eval_every // N), target_accuracy=target, seed=seed)
+            r = run(name(f"tta_{N}gpu_{rule}", seed), cfg, N)
+            seconds = scaling.time_to_target(r, target)
+            seeds.setdefault(f"{rule}_s", ["skipped"] * len(SEEDS))[i] = seconds
+            print(f"seed {seed}: {N} GPUs, {rule} rule (lr {cfg.lr:.2g}): {seconds} s to {100 * target:.1f}%")
+            if i == 0:  # the first seed's race, as a single-seed run records it
+                tta_runs[rule] = r
+                figures[f"tta_{N}gpu_{rule}_s"], figures[f"tta_{N}gpu_{rule}_history"] = seconds, r["val_history"]
+                figures[f"tta_{N}gpu_{rule}_lr"] = cfg.lr
+                figures[f"tta_{N}gpu_{rule}_warmup_steps"] = cfg.warmup_steps
+                if seconds and figures["tta_1gpu_s"]:
+                    figures[f"tta_{N}gpu_{rule}_speedup"] = round(figures["tta_1gpu_s"] / seconds, 2)
+            save()
+    if many:
+        print(scaling.race_table(seeds))
 def strong_scaling():  # 5. the global batch stays B, split over the GPUs
     for n, cfg in scaling.strong_sweep(base, B, COUNTS[1:]):
         p = scaling.efficiency(run(f"strong_g{B}_{n}gpu", cfg, n), weak[1], "strong")
