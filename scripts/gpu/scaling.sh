@@ -84,7 +84,7 @@ def run(label, cfg, n, bench=False):
 
 def run_ones(jobs):
     """1-GPU runs (label, cfg) at the same time, one per GPU (on a CPU: one after the other); their results."""
-    if not CUDA:
+    if not CUDA or len(jobs) == 1:
         return [run(label, cfg, 1) for label, cfg in jobs]
     results = []
     for first in range(0, len(jobs), N):
