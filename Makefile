@@ -19,13 +19,12 @@ help:
 
 venv: $(STAMP)
 
-# Rebuilt when the lock or the package metadata changes. --no-compile: Python compiles each module the first time
-# it is imported (a few seconds, once), instead of every file of torch up front (about 20 s on 2 cores).
+# Rebuilt when the lock or the package metadata changes.
 $(STAMP): requirements.lock pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || \
 		{ echo "error: $(PYTHON) is older than 3.10; run 'make PYTHON=python3.11 ...'"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile -r requirements.lock
+	$(BIN)/python -m pip install --quiet -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@touch $@
 
