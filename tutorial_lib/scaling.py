@@ -20,6 +20,7 @@ import csv
 import json
 import math
 import os
+import statistics
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 
@@ -180,21 +181,9 @@ def time_to_target(result, target: float) -> float | None:
     return None
 
 
-def race_summary(seeds: dict) -> dict:
-    """A race run with several seeds ({"seeds": [...], "1gpu_s": [...], "<rule>_s": [...]}: seconds to the target,
-    None where a run never reached it, "skipped" where it did not run) summarised per rule: the median and range
-    of the per-seed speedups and the ratio of the mean times, over the seeds where both runs reached the target;
-    `missed`: the rule's runs that never reached it."""
-    out = {}
-    for key in (k for k in seeds if k.endswith("_s") and k != "1gpu_s"):
-        pairs = [(o, t) for o, t in zip(seeds["1gpu_s"], seeds[key]) if reached(o) and reached(t)]
-        ups = sorted(o / t for o, t in pairs)
-        entry = out[key[:-2]] = {"seeds": len(ups), "missed": sum(t is None for t in seeds[key])}
-        if ups:
-            mid = len(ups) // 2
-            entry.update(min=ups[0], max=ups[-1], median=ups[mid] if len(ups) % 2 else (ups[mid - 1] + ups[mid]) / 2,
-                         of_means=sum(o for o, _ in pairs) / sum(t for _, t in pairs))
-    return out
+def race_rules(seeds: dict) -> list[str]:
+    """The learning-rate rules a seed race ran ({"seeds": [...], "1gpu_s": [...], "<rule>_s": [...]})."""
+    return [k[:-2] for k in seeds if k.endswith("_s") and k != "1gpu_s"]
 
 
 def reached(v) -> bool:
@@ -202,29 +191,47 @@ def reached(v) -> bool:
     return isinstance(v, (int, float)) and v > 0
 
 
+def _pairs(seeds: dict, rule: str) -> list[tuple[float, float]]:
+    """(1 GPU seconds, N GPUs seconds) of the seeds where both runs reached the target."""
+    return [(o, t) for o, t in zip(seeds["1gpu_s"], seeds.get(f"{rule}_s", [])) if reached(o) and reached(t)]
+
+
 def speedups(seeds: dict, rule: str) -> list[float]:
     """The per-seed speedups of `rule` over 1 GPU, where both runs reached the target."""
-    return [o / t for o, t in zip(seeds["1gpu_s"], seeds.get(f"{rule}_s", [])) if reached(o) and reached(t)]
+    return [o / t for o, t in _pairs(seeds, rule)]
+
+
+def race_summary(seeds: dict) -> dict:
+    """A seed race (seconds to the target per seed: None where a run never reached it, "skipped" where it did not
+    run) summarised per rule: the median and range of the per-seed speedups and the ratio of the mean times, over
+    the seeds where both runs reached the target; `missed`: the rule's runs that never reached it."""
+    out = {}
+    for rule in race_rules(seeds):
+        pairs, ups = _pairs(seeds, rule), speedups(seeds, rule)
+        entry = out[rule] = {"seeds": len(ups), "missed": sum(t is None for t in seeds[f"{rule}_s"])}
+        if ups:
+            entry.update(min=min(ups), max=max(ups), median=statistics.median(ups),
+                         of_means=sum(o for o, _ in pairs) / sum(t for _, t in pairs))
+    return out
 
 
 def pool_races(races) -> dict:
-    """Several seed races (as race_summary takes them) as one, a rule missing from a race marked "skipped"."""
+    """Several seed races as one, a rule missing from a race marked "skipped"."""
     races = list(races)
-    rules = list(dict.fromkeys(k for r in races for k in r if k.endswith("_s")))
+    keys = list(dict.fromkeys(k for r in races for k in r if k.endswith("_s")))
     return {"seeds": [s for r in races for s in r["seeds"]],
-            **{k: [v for r in races for v in r.get(k, ["skipped"] * len(r["seeds"]))] for k in rules}}
+            **{k: [v for r in races for v in r.get(k, ["skipped"] * len(r["seeds"]))] for k in keys}}
 
 
 def race_table(seeds: dict) -> str:
     """The seed-by-seed race as a Markdown table: seconds to the target per seed and rule, then the speedups."""
-    rules = [k[:-2] for k in seeds if k.endswith("_s") and k != "1gpu_s"]
+    rules = race_rules(seeds)
     sec = lambda v: f"{v:.2f}" if reached(v) else "missed" if v is None else str(v)  # noqa: E731
     lines = ["| seed | 1 GPU s | " + " | ".join(f"{r} s (x)" for r in rules) + " |", "|" + " ---: |" * (2 + len(rules))]
     for i, seed in enumerate(seeds["seeds"]):
-        one, cells = seeds["1gpu_s"][i], []
-        for r in rules:
-            t = seeds[f"{r}_s"][i]
-            cells.append(sec(t) + (f" ({one / t:.2f}x)" if reached(one) and reached(t) else ""))
+        one = seeds["1gpu_s"][i]
+        cells = [sec(t) + (f" ({one / t:.2f}x)" if reached(one) and reached(t) else "")
+                 for t in (seeds[f"{r}_s"][i] for r in rules)]
         lines.append(f"| {seed} | {sec(one)} | " + " | ".join(cells) + " |")
     summary = race_summary(seeds)
     for what in ("median", "min", "max", "of_means"):

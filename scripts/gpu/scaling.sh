@@ -67,12 +67,17 @@ def elapsed():
     return time.time() - T0
 
 
+def one_gpu_words(cfg, command="train", args=()):
+    """The command line of a 1-GPU run: the workbook CLI, no DDP."""
+    return [sys.executable, "-m", "tutorial_lib", command, *args, *cfg.replace(parallel="none").to_overrides()]
+
+
 def run(label, cfg, n, bench=False):
     """Train (or bench) cfg on n processes: one without DDP, or DDP through torchrun; its result as a dict."""
     cfg = cfg.replace(out_dir=f"{RUNS}/{label}")
     command, args, t = "bench" if bench else "train", BENCH if bench else (), time.time()
     if n == 1:
-        words = [sys.executable, "-m", "tutorial_lib", command, *args, *cfg.replace(parallel="none").to_overrides()]
+        words = one_gpu_words(cfg, command, args)
         print("$ " + " ".join(words[1:]), flush=True)
         subprocess.run(words, env=ONE, check=True)
     else:
@@ -90,8 +95,8 @@ def run_ones(jobs):
     for first in range(0, len(jobs), N):
         started = []
         for gpu, (label, cfg) in enumerate(jobs[first:first + N]):
-            cfg = cfg.replace(out_dir=f"{RUNS}/{label}", parallel="none")
-            words = [sys.executable, "-m", "tutorial_lib", "train", *cfg.to_overrides()]
+            cfg = cfg.replace(out_dir=f"{RUNS}/{label}")
+            words = one_gpu_words(cfg)
             print(f"$ CUDA_VISIBLE_DEVICES={gpu} " + " ".join(words[1:]), flush=True)
             os.makedirs(cfg.out_dir, exist_ok=True)
             log = open(f"{cfg.out_dir}/train.log", "w")
@@ -200,6 +205,8 @@ def time_to_accuracy():  # 3. 1 GPU sets the target; N GPUs with each learning-r
             save()
     if many:
         print(scaling.race_table(seeds))
+
+
 def strong_scaling():  # 5. the global batch stays B, split over the GPUs
     for n, cfg in scaling.strong_sweep(base, B, COUNTS[1:]):
         p = scaling.efficiency(run(f"strong_g{B}_{n}gpu", cfg, n), weak[1], "strong")
