@@ -6,6 +6,7 @@
 
 Sources, never typed by hand:
     docs/notebook_timings.json   each notebook's CPU run (scripts/run_notebooks.py --timings ...)
+    docs/notebook_timings_gpu.json   its run at full size on a GPU node (timings.json of scripts/gpu/notebooks.sh)
     notebooks/reference/*.json   what the key cells printed on a GPU (scripts/gpu/*.sh, tutorial_lib.reference)
     notebooks/*.ipynb            the live time each notebook states, and where its collapsed solutions are
 """
@@ -21,6 +22,7 @@ from tutorial_lib import reference  # noqa: E402  (torch-free)
 
 GUIDE = ROOT / "docs" / "instructor.md"
 TIMINGS = ROOT / "docs" / "notebook_timings.json"
+GPU_TIMINGS = ROOT / "docs" / "notebook_timings_gpu.json"  # the same, from scripts/gpu/notebooks.sh on a GPU node
 PLANNED = ("00_setup", "01_single_gpu", "02_profiling", "03_data_loading", "04_mixed_precision", "05_dp_vs_ddp",
            "06_scaling")  # the README's seven; a notebook not written yet gets a row its author fills
 
@@ -32,10 +34,18 @@ def _markdown(name: str) -> list[str]:
     return ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "markdown"]
 
 
+def _gpu_run(run: dict | None) -> str:
+    if run is None:
+        return "not timed on a GPU node yet"
+    slow = ", ".join(f"cell {i} {s:.0f} s" for i, s, _ in run["slowest"][:2])
+    return f"{run['seconds']:.0f} s on {run['machine']}, torch {run['torch']}, {run['date']} (slowest: {slow})"
+
+
 def timings_table() -> str:
     runs = json.loads(TIMINGS.read_text())["notebooks"] if TIMINGS.is_file() else {}
-    rows = ["| notebook | live time (its header) | CPU run, all cells | slowest cells on that CPU run |",
-            "| --- | --- | --- | --- |"]
+    gpu = json.loads(GPU_TIMINGS.read_text())["notebooks"] if GPU_TIMINGS.is_file() else {}
+    rows = ["| notebook | live time (its header) | CPU run, all cells | slowest cells on that CPU run | "
+            "GPU node, all cells at full size |", "| --- | --- | --- | --- | --- |"]
     for name in sorted(set(PLANNED) | {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}):
         stated = next((m.group(1).rstrip(".") for md in _markdown(name)[:1]
                        for m in [re.search(r"\*\*Time:\*\* ([^\n]*)", md)] if m), None)
@@ -43,12 +53,13 @@ def timings_table() -> str:
         if run is None:
             note = "not written yet" if not _markdown(name) else "no timed run yet"
             rows.append(f"| {name} | {stated or '-'} | {note}: its author adds the row with "
-                        "`scripts/run_notebooks.py --stored --timings docs/notebook_timings.json` | |")
+                        f"`scripts/run_notebooks.py --stored --timings docs/notebook_timings.json` | | {_gpu_run(gpu.get(name))} |")
             continue
         slow = "; ".join(f"cell {i} `{text}` {s:.0f} s" for i, s, text in run["slowest"][:3])
         how = (f"{run['machine']} at load {run['load']:g}, torch {run['torch']}" if run["load"] is not None
                else run["machine"])
-        rows.append(f"| {name} | {stated or '-'} | {run['seconds']:.0f} s, {how}, {run['date']} | {slow} |")
+        rows.append(f"| {name} | {stated or '-'} | {run['seconds']:.0f} s, {how}, {run['date']} | {slow} | "
+                    f"{_gpu_run(gpu.get(name))} |")
     return "\n".join(rows)
 
 

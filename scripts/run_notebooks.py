@@ -24,10 +24,11 @@ import nbclient
 import nbformat
 
 
-def run(path: Path, dest: Path, timeout: int) -> float:
+def run(path: Path, dest: Path, timeout: int, keep_going: bool = False) -> float:
+    """Execute one notebook into `dest`; keep_going: run every cell even after one fails (see cell_errors)."""
     nb = nbformat.read(path, as_version=4)
     t0 = time.time()
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=timeout,
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=timeout, allow_errors=keep_going,
                                      resources={"metadata": {"path": str(path.parent)}})
     try:
         client.execute()
@@ -35,6 +36,14 @@ def run(path: Path, dest: Path, timeout: int) -> float:
         dest.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, dest)
     return time.time() - t0
+
+
+def cell_errors(dest: Path) -> list[str]:
+    """'cell N: Name: value' for every code cell of an executed notebook whose outputs hold an error."""
+    nb = nbformat.read(dest, as_version=4)
+    return [f"cell {i}: {out.get('ename')}: {str(out.get('evalue'))[:300]}"
+            for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+            for out in cell.get("outputs", []) if out.get("output_type") == "error"]
 
 
 def cell_seconds(nb) -> list[tuple[int, float, str]]:
@@ -100,6 +109,8 @@ def main() -> int:
     g.add_argument("--stored", action="store_true", help="execute nothing: record the runs the notebooks hold")
     p.add_argument("--timeout", type=int, default=900, help="seconds per cell")
     p.add_argument("--timings", type=Path, help="JSON file to record each notebook's run time and slowest cells")
+    p.add_argument("--keep-going", action="store_true",
+                   help="run every cell even after one fails, then list the failed cells (one pass finds them all)")
     args = p.parse_args()
     if args.stored:
         if not args.timings:
@@ -112,7 +123,12 @@ def main() -> int:
         dest = nb if args.inplace else args.out / nb.name
         try:
             load = os.getloadavg()[0]
-            seconds = run(nb, dest, args.timeout)
+            seconds = run(nb, dest, args.timeout, args.keep_going)
+            errors = cell_errors(dest) if args.keep_going else []
+            if errors:
+                failed += 1
+                print(f"{nb}: {len(errors)} cell(s) FAILED ({dest}):\n  " + "\n  ".join(errors), file=sys.stderr)
+                continue
             print(f"{nb}: {seconds:.0f} s -> {dest}", flush=True)
             if args.timings:  # other work on the machine slows the run: keep the load beside the time
                 record_timing(args.timings, dest, seconds, (load + os.getloadavg()[0]) / 2)

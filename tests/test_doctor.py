@@ -247,3 +247,24 @@ def test_stored_timings_of_a_committed_notebook_feed_the_timing_plan(tmp_path):
     assert run["seconds"] > 0 and run["machine"] == "the committed CPU run" and run["load"] is None
     assert run["code_cells"] >= 10 and len(run["slowest"]) == 4
     assert run["slowest"][0][1] >= run["slowest"][-1][1]  # slowest first
+
+
+def test_keep_going_lists_every_failed_cell_of_an_executed_notebook(tmp_path):
+    import nbformat
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import run_notebooks
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_markdown_cell("text")])
+    for i, (name, value) in enumerate([("KeyError", "'dp_4gpu'"), ("ZeroDivisionError", "division by zero")]):
+        cell = nbformat.v4.new_code_cell("...")
+        cell.outputs = [nbformat.v4.new_output("error", ename=name, evalue=value, traceback=[])]
+        nb.cells.append(cell)
+    nbformat.write(nb, tmp_path / "done.ipynb")
+    assert run_notebooks.cell_errors(tmp_path / "done.ipynb") == [
+        "cell 2: KeyError: 'dp_4gpu'", "cell 3: ZeroDivisionError: division by zero"]
+    nb.cells = nb.cells[:2]
+    nbformat.write(nb, tmp_path / "clean.ipynb")
+    assert run_notebooks.cell_errors(tmp_path / "clean.ipynb") == []

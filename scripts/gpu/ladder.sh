@@ -58,8 +58,10 @@ for loader in ("dataloader", "gpu_resident"):
     figures[loader] = {"device": r.device, **{m: f.img_s for m, f in r.figures.items()},
                        "full_over_synthetic": r.img_s("full") / r.img_s("synthetic"), "verdict": r.verdict}
 json.dump(figures, open(os.path.join(out, "bench_optimized.json"), "w"), indent=1)
-if not small:  # add to both reference files the ladder wrote
-    for name in [p.stem for p in reference.FOLDER.glob("04_ladder*.json")]:
+if not small:  # add to the two reference files this run's ladder wrote, never to another card's
+    import torch
+    from tutorial_lib import ladder
+    for name in ("04_ladder", f"04_ladder_{ladder.card_slug(torch.cuda.get_device_name(0))}"):
         rec = reference.load(name)
         rec["figures"]["bench_optimized"] = figures
         reference.write(name, rec["figures"], script=rec["script"])
