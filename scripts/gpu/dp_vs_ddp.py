@@ -138,17 +138,24 @@ def main() -> int:
         ("dp_4gpu_parts", dict(dp(n4), time_parts=True), 40, False),
         ("ddp_eager_4gpu", dict(DDP, **TRACE), 30, True),
         ("ddp_before_4gpu", dict(DDP, **FAST, **TRACE, ddp_sync="hooks", ddp_compile="split"), 50, False),
-        ("dp_4gpu_cudnn_benchmark", dp(n4), 30, False),
+        ("dp_4gpu_plain", dp(n4), 30, False),  # neither traced nor timed in parts: the trap's baseline
+        # cuDNN re-times its algorithms every step here (about 1.5 s per step on 4x H200): 150 steps took > 240 s
+        ("dp_4gpu_cudnn_benchmark", dict(dp(n4), steps=40, timing_warmup=10), 90, False),
     ]
-    for name, overrides, estimate, watch in plan:
+    only = {c for c in os.environ.get("ONLY", "").split(",") if c}  # ONLY=case,case: those (and the 1-GPU ones)
+    unknown = only - {name for name, *_ in plan} - {c[0] for pair in two_gpu_rounds(n2) for c in pair}
+    if unknown:
+        raise SystemExit(f"ONLY={','.join(sorted(unknown))}: no such case; the cases are those of the plan and "
+                         "two_gpu_rounds in scripts/gpu/dp_vs_ddp.py")
+    for name, overrides, estimate, watch in [c for c in plan if not only or c[0] in only]:
         kw = {"runner": ["-c", FORCE_CUDNN]} if name == "dp_4gpu_cudnn_benchmark" else {}
         if watch:
             monitored(cases, name, n4, overrides, estimate, **kw)
         else:
             cases.run(name, n4, overrides, estimate, **kw)
     print("== on 2 GPUs, two cases at once (GPUs 0-1 and 2-3): DataParallel, DDP, and DDP's knobs (eager)")
-    rounds = two_gpu_rounds(n2)
-    for pair in rounds:
+    rounds = [[c for c in pair if not only or c[0] in only] for pair in two_gpu_rounds(n2)]
+    for pair in [p for p in rounds if p]:
         if CPU:  # SyncBatchNorm has no CPU kernel
             for name, gpus, overrides in [c for c in pair if c[2].get("sync_batchnorm")]:
                 cases.records.append({"case": name, "gpus": gpus, "overrides": overrides,
@@ -201,6 +208,9 @@ def report(cases: Cases) -> int:
             figures[f"{r['case']}_host_parts_sum_over_measured"] = round(named / r["step_ms"]["median"], 3)
         if r.get("peak_memory_mb"):
             figures[f"{r['case']}_peak_allocated_mb"] = round(r["peak_memory_mb"], 1)
+    if "dp_4gpu_plain_img_s" in figures and "dp_4gpu_cudnn_benchmark_img_s" in figures:  # the trap, as a factor
+        figures["cudnn_benchmark_slowdown"] = round(figures["dp_4gpu_plain_img_s"]
+                                                    / figures["dp_4gpu_cudnn_benchmark_img_s"], 2)
     for dp_case in ("dp_4gpu", "dp_2gpu"):
         if not cases.get(dp_case).get("overrides", {}).get("profile"):
             continue
