@@ -20,6 +20,15 @@ def tiny(out_dir, **kw):
     return TrainConfig(**{**base, **kw})
 
 
+@pytest.fixture(scope="session")
+def two_rank_run(tmp_path_factory):
+    """result.json of one 2-rank DDP run (torchrun, gloo) with test_ddp's settings, shared by the tests that
+    read the same run: starting two processes is most of what such a test costs."""
+    from test_ddp import torchrun
+
+    return torchrun(2, tmp_path_factory.mktemp("ddp") / "two_ranks")
+
+
 @pytest.fixture
 def tiny_cfg(tmp_path):
     return lambda **kw: tiny(kw.pop("out_dir", tmp_path / "run"), **kw)

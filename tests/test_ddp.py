@@ -18,8 +18,8 @@ def torchrun(nproc, out_dir, *extra):
     return json.loads((out_dir / "result.json").read_text())
 
 
-def test_two_ranks_end_with_identical_parameters(tmp_path):
-    r = torchrun(2, tmp_path / "ddp2")
+def test_two_ranks_end_with_identical_parameters(two_rank_run):
+    r = two_rank_run
     assert r["world_size"] == 2 and r["global_batch"] == 32
     assert len(r["param_checksums"]) == 2
     assert r["param_checksums"][0] == r["param_checksums"][1]

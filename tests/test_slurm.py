@@ -328,7 +328,9 @@ def scaling_jobs(work):
 
     out = dict(output=f"{work}/logs/%x-%j.out", site="local", jobs_dir=work / "jobs06", show=False)
     cfg = tiny(work, parallel="none", eval=False)
-    paths = scaling.write_jobs(cfg, gpus=(1, 2, 4), nodes=2, prefix="t06", out=str(work / "scaling"), **out)
+    # 1 and 2 GPUs per node (the notebook renders 1, 2 and 4; the code is the same for any count): on two CPU
+    # cores every rank is a process to start, and 4-rank jobs made this group the module's slowest
+    paths = scaling.write_jobs(cfg, gpus=(1, 2), nodes=2, prefix="t06", out=str(work / "scaling"), **out)
     tta = tiny(work, eval_every=2, target_accuracy=0.99, lr_schedule="constant")
     paths.append(scaling.write_lr_job(tta, gpus=2, base_batch=8, warmup_images=16, prefix="t06",
                                       out=str(work / "lr_rules"), **out))
@@ -354,27 +356,27 @@ def test_every_committed_job_runs_to_completed_with_cpu_sizes(committed_submitte
 def test_scaling_jobs_complete_and_the_ledger_collects_every_point(scaling_jobs, work):
     from tutorial_lib import scaling
 
-    for name in ("scaling_1gpu", "scaling_2gpu", "scaling_4gpu"):
+    for name in ("scaling_1gpu", "scaling_2gpu"):
         assert finished(scaling_jobs[name], timeout=400) == "COMPLETED", name
-    four = scaling_jobs["scaling_4gpu"].results()
-    assert [(r["world_size"], scaling.batch_per_gpu(r), r["config"]["grad_sync"]) for r in four] == [
-        (4, 8, True), (4, 2, True), (4, 8, False)]  # weak, strong (global 8), no-sync
-    assert len(set(four[0]["param_checksums"])) == 1 and len(set(four[2]["param_checksums"])) == 4
-    rows = [r for r in scaling.ledger(work / "scaling") if r["world_size"] <= 4]  # the 2-node job: its own test
-    assert len(rows) == 1 + 2 + 3
+    two = scaling_jobs["scaling_2gpu"].results()
+    assert [(r["world_size"], scaling.batch_per_gpu(r), r["config"]["grad_sync"]) for r in two] == [
+        (2, 8, True), (2, 4, True), (2, 8, False)]  # weak, strong (global 8), no-sync
+    assert len(set(two[0]["param_checksums"])) == 1 and len(set(two[2]["param_checksums"])) == 2
+    rows = [r for r in scaling.ledger(work / "scaling") if r["world_size"] <= 2]  # the 2-node job: its own test
+    assert len(rows) == 1 + 3
     weak = [r for r in rows if scaling.batch_per_gpu(r) == 8 and r["config"]["grad_sync"]]
-    assert [p.gpus for p in scaling.scaling_points(weak, "weak")] == [1, 2, 4]
+    assert [p.gpus for p in scaling.scaling_points(weak, "weak")] == [1, 2]
     strong = [r for r in rows if r["global_batch"] == 8]
-    assert [p.batch_per_gpu for p in scaling.scaling_points(strong, "strong")] == [8, 4, 2]
+    assert [p.batch_per_gpu for p in scaling.scaling_points(strong, "strong")] == [8, 4]
 
 
-def test_notebook06_two_node_job_trains_eight_ranks_in_step(scaling_jobs):
+def test_notebook06_two_node_job_trains_every_rank_of_both_nodes_in_step(scaling_jobs):
     job = scaling_jobs["multinode"]
     assert finished(job, timeout=400) == "COMPLETED"
     res = job.result()
-    assert res["world_size"] == 8 and len(set(res["param_checksums"])) == 1
+    assert res["world_size"] == 4 and len(set(res["param_checksums"])) == 1  # 2 nodes x 2 GPUs
     log = job.log(400)
-    assert "rendezvous at node1:" in log and "for 8 processes" in log
+    assert "rendezvous at node1:" in log and "for 4 processes" in log
 
 
 def test_lr_rules_job_runs_one_task_per_rule_with_its_accuracy_history(scaling_jobs):
