@@ -14,7 +14,8 @@
 # On a 2-GPU node (or KNOBS_ONLY=1): the 1-GPU eager and compiled cases, then DataParallel (traced: its step
 # decomposed) and the 2-GPU cases one at a time. REF=name writes the reference file under that name.
 # Cases run in that order until the budget (BUDGET s, default 430) would be exceeded; the rest are reported
-# as skipped. ONLY=case,case runs those cases alone (after the 1-GPU ones; 4-GPU nodes). About 8 minutes. Writes notebooks/reference/05_dp_vs_ddp.json (tl.reference.write) and, in
+# as skipped. ONLY=case,case runs those cases alone (after the 1-GPU ones; 4-GPU nodes). About 8 minutes.
+# Writes notebooks/reference/05_dp_vs_ddp.json (tl.reference.write) and, in
 # $OUT: 05_dp_vs_ddp.json (the same file), dp_vs_ddp.txt (the table), dp_vs_ddp.json (every case),
 # dp_vs_ddp.log (every run's output), traces.txt (tl.trace_summary of the DDP traces).
 # CPU test mode: CPU=1 bash scripts/gpu/dp_vs_ddp.sh  (2 gloo processes, tiny sizes; the reference file goes to
