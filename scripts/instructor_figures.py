@@ -53,7 +53,8 @@ def timings_table() -> str:
         if run is None:
             note = "not written yet" if not _markdown(name) else "no timed run yet"
             rows.append(f"| {name} | {stated or '-'} | {note}: its author adds the row with "
-                        f"`scripts/run_notebooks.py --stored --timings docs/notebook_timings.json` | | {_gpu_run(gpu.get(name))} |")
+                        "`scripts/run_notebooks.py --stored --timings docs/notebook_timings.json` | | "
+                        f"{_gpu_run(gpu.get(name))} |")
             continue
         slow = "; ".join(f"cell {i} `{text}` {s:.0f} s" for i, s, text in run["slowest"][:3])
         how = (f"{run['machine']} at load {run['load']:g}, torch {run['torch']}" if run["load"] is not None

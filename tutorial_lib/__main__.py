@@ -117,7 +117,7 @@ def ladder(argv: list[str]) -> int:
 
         figures = ladder_module.reference_figures(rows, trace)
         device = next(r["device"] for r in rows if not r["skipped"])
-        for name in ("04_ladder", f"04_ladder_{ladder_module.card_slug(device)}"):
+        for name in ladder_module.reference_names("04_ladder", device):
             print(f"wrote {reference.write(name, figures, script='scripts/gpu/ladder.sh')}")
     return 0
 
@@ -133,7 +133,7 @@ def roofline(ladder_module, sizes, given: dict, write: bool) -> int:
     if write and device:
         from . import reference
 
-        for name in ("04_roofline", f"04_roofline_{ladder_module.card_slug(device)}"):
+        for name in ladder_module.reference_names("04_roofline", device):
             print(f"wrote {reference.write(name, {'traces': trace}, script='python -m tutorial_lib ladder --roofline')}")
     return 0
 

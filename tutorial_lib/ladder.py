@@ -350,6 +350,12 @@ def card_slug(device: str) -> str:
     return m.group(1).lower() if m else re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_")
 
 
+def reference_names(prefix: str, device: str) -> tuple[str, str]:
+    """The reference files a GPU run writes: the one the notebook reads and the card's own, e.g.
+    ('04_ladder', '04_ladder_h200')."""
+    return prefix, f"{prefix}_{card_slug(device)}"
+
+
 def reference_figures(rows: list[dict], trace: dict) -> dict:
     """What the GPU script records as notebooks/reference/04_ladder*.json: the headline figures, every row (loss
     curves only for the precision rows the notebook plots) and the trace summaries."""

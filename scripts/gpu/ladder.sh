@@ -61,7 +61,7 @@ json.dump(figures, open(os.path.join(out, "bench_optimized.json"), "w"), indent=
 if not small:  # add to the two reference files this run's ladder wrote, never to another card's
     import torch
     from tutorial_lib import ladder
-    for name in ("04_ladder", f"04_ladder_{ladder.card_slug(torch.cuda.get_device_name(0))}"):
+    for name in ladder.reference_names("04_ladder", torch.cuda.get_device_name(0)):
         rec = reference.load(name)
         rec["figures"]["bench_optimized"] = figures
         reference.write(name, rec["figures"], script=rec["script"])

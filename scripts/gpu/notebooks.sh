@@ -8,7 +8,9 @@
 #
 # Writes $OUT/reference.tgz (notebooks/reference/*.json: unpack at the top of the workbook and commit) and
 # $OUT/executed.tgz (the executed notebooks, to read the GPU outputs; not committed: the committed outputs are
-# CPU runs) and $OUT/timings.json (each notebook's seconds and slowest cells on this machine). Takes what the notebooks take at full size: about 2-5 minutes each on an H100/H200.
+# CPU runs) and $OUT/timings.json (each notebook's seconds and slowest cells on this machine: merge them into
+# docs/notebook_timings_gpu.json). Takes what the notebooks take at full size: about 2-5 minutes each on an
+# H100/H200.
 set -euo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 (( $# )) || { echo "usage: OUT=dir bash $0 notebooks/NN_name.ipynb ..." >&2; exit 2; }
@@ -19,7 +21,8 @@ mkdir -p "$OUT" build/gpu-executed
 status=0
 for nb in "$@"; do
     # --keep-going: one pass lists every failing cell; the GPU timings come back beside the results
-    python3 scripts/run_notebooks.py --keep-going --timings "$OUT/timings.json" --out build/gpu-executed "$nb" || status=1
+    python3 scripts/run_notebooks.py --keep-going --timings "$OUT/timings.json" --out build/gpu-executed "$nb" \
+        || status=1
     python3 -c 'import sys; from tutorial_lib import reference; print(sys.argv[1], "stamped:", reference.stamp(sys.argv[1]))' "$nb"
 done
 tar czf "$OUT/reference.tgz" notebooks/reference
