@@ -12,12 +12,14 @@ import contextlib
 import functools
 import gc
 import math
+import signal
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
+from .checkpoint import STOP_SIGNALS
 from .config import DataNotFound, TrainConfig, UserError, mp_context
 from .shapes import cached_shapes
 
@@ -192,6 +194,44 @@ def subset(base, limit: int | None):
 
 
 # ---------------------------------------------------------------------------- loading
+# scancel and a time limit without --signal send SIGTERM to every process of the job step, DataLoader workers
+# included; a worker that died of it made the trainer fail ("DataLoader worker (pid N) is killed by signal")
+# before it could write its checkpoint. The stop signals are for the trainer: it stops at a step boundary,
+# checkpoints and then ends its workers itself, so every worker ignores them. The parent forks its workers with
+# the signals blocked, so that one arriving before a worker's first line is held until the worker ignores it.
+def worker_init(worker_id: int) -> None:
+    """The first thing every DataLoader worker of the workbook runs: ignore the job's stop signals."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # one held since the fork is dropped
+
+
+def _worker_init(worker_id: int) -> None:
+    worker_init(worker_id)  # looked up when the worker runs (a test replaces worker_init)
+
+
+@contextlib.contextmanager
+def stop_signals_held():
+    """The stop signals blocked in this thread while it forks workers (they inherit the mask); delivered here
+    once the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signals to hold
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class WorkbookLoader(DataLoader):
+    """A DataLoader whose workers ignore the job's stop signals (see worker_init)."""
+
+    def __iter__(self):
+        with stop_signals_held():  # iter() forks the workers (each epoch, unless persistent)
+            return super().__iter__()
+
+
 class EpochSampler(DistributedSampler):
     """DistributedSampler that yields (index, epoch) pairs and can start part-way into an epoch (resume)."""
 
@@ -222,12 +262,12 @@ def build_loader(cfg: TrainConfig, split: str, rank: int = 0, world_size: int = 
                         f"raise train_size or lower batch_size")
     sampler = EpochSampler(ds, world_size, rank, shuffle=train, seed=cfg.seed, drop_last=train)
     workers = cfg.workers()  # num_workers=auto: the workbook's rule (config.default_workers)
-    return DataLoader(
+    return WorkbookLoader(
         ds, batch_size=bs, sampler=sampler, drop_last=train, num_workers=workers,
         pin_memory=(cfg.pin_memory and torch.cuda.is_available()) if pin_memory is None else pin_memory,
         persistent_workers=cfg.persistent_workers and workers > 0,
         prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
-        multiprocessing_context=mp_context() if workers > 0 else None,
+        multiprocessing_context=mp_context() if workers > 0 else None, worker_init_fn=_worker_init,
     )
 
 

@@ -1,0 +1,128 @@
+"""How a run stops and what it leaves: stop signals sent the way Slurm sends them (to every process of the
+job, DataLoader workers included), on one process and under DDP; a run that stopped at its target or on a
+plateau is finished; a resumed run keeps its whole validation history and its training clock.
+docs/reliability.md lists the promise each test holds."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tutorial_lib import data, engine
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["dataset=shapes", "model=resnet18_imagenet", "batch_size=8", "train_size=64", "val_size=16", "device=cpu",
+        "progress=false", "tensorboard=false"]
+
+
+def _start(argv: list[str], **env) -> subprocess.Popen:
+    """A process in a session (and process group) of its own, as a Slurm job step's processes are."""
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
+
+
+def _descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (children, their children, ...), read from /proc."""
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += [child for child, ppid in parent.items() if ppid == found[-1]]
+    return found
+
+
+def _signal_job_after(p: subprocess.Popen, marker: str, sig: signal.Signals, timeout: float = 180) -> str:
+    """Read `p`'s output until a line starts with `marker`, then send `sig` to `p` and every process below it
+    (what scancel and a time limit without --signal do: Slurm signals every process of the job step, and
+    torchrun's ranks live in sessions of their own, so a process-group signal would miss their workers);
+    return everything it printed once it has ended, and the processes signalled."""
+    lines, pids = [], []
+    for line in p.stdout:
+        lines.append(line)
+        if line.startswith(marker) or f"]:{marker}" in line:
+            pids = _descendants(p.pid)
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            break
+    else:
+        pytest.fail("the run ended before the signal: " + "".join(lines[-20:]))
+    rest, _ = p.communicate(timeout=timeout)
+    return "".join(lines) + rest, pids
+
+
+def _all_gone(pids: list[int], timeout: float = 10) -> bool:
+    """None of `pids` is left (the workers ended with their trainer)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"
+
+
+# ================================================================ signals to every process of the job
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_signal_to_the_whole_process_group_with_workers_running_ends_with_a_checkpoint(tmp_path, sig):
+    out = tmp_path / "run"
+    p = _start([sys.executable, "-m", "tutorial_lib", "train", *TINY, "steps=400", "num_workers=2", "log_every=1",
+                f"out_dir={out}"], OMP_NUM_THREADS="1")
+    said, pids = _signal_job_after(p, "step 3/", sig)
+    assert len(pids) >= 3  # the trainer and its two workers
+    assert p.returncode == engine.EXIT_PREEMPTED, said[-3000:]
+    assert f"stopped by {sig.name}: checkpoint at step" in said and "Traceback" not in said, said[-3000:]
+    assert 3 <= torch.load(out / "checkpoint.pt", weights_only=True)["step"] < 400
+    assert _all_gone(pids), "a DataLoader worker outlived its trainer"
+
+
+def test_ddp_ranks_with_workers_stop_with_a_checkpoint_on_sigterm_to_the_group(tmp_path):
+    out = tmp_path / "ddp"
+    p = _start([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+                "tutorial_lib", "train", *TINY, "parallel=ddp", "steps=400", "num_workers=1", "log_every=2",
+                "train_size=256",  # 16 steps an epoch: the workers are running when the signal comes
+                f"out_dir={out}"], OMP_NUM_THREADS="1")
+    said, pids = _signal_job_after(p, "step 4/", signal.SIGTERM)
+    assert len(pids) >= 5  # torchrun, two ranks, a worker each
+    assert "stopped by SIGTERM: checkpoint at step" in said, said[-3000:]
+    assert "DataLoader worker" not in said and "is killed by signal" not in said, said[-3000:]
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert 4 <= state["step"] < 400 and state["world_size"] == 2
+    assert _all_gone(pids)
+
+
+def test_a_signal_that_reaches_a_worker_before_its_first_line_is_held_until_the_worker_ignores_it(tmp_path,
+                                                                                               monkeypatch):
+    """The job's signal can land between the fork of a worker and the moment it ignores the signal: the
+    parent forks with the stop signals blocked, so the worker holds it until it ignores it."""
+    from conftest import tiny
+
+    ignore = data.worker_init
+
+    def signalled_first(worker_id):  # the signal arrives before the worker's own set-up has run
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        ignore(worker_id)
+    monkeypatch.setattr(data, "worker_init", signalled_first)
+    cfg = tiny(tmp_path / "run", num_workers=2, train_size=64, batch_size=8)
+    batches = list(data.build_input(cfg, "train").epoch(0))
+    assert len(batches) == 8
