@@ -86,15 +86,17 @@ def test_accumulation_with_no_sync_matches_the_big_batch(tmp_path, two_ranks, si
 
 
 def test_a_stop_flag_on_one_rank_reaches_every_rank_at_the_same_vote():
-    """The engine's stop vote (distributed.StopVote) is read one log interval late, so that the GPU never
-    waits for it: rank 1's flag, raised at the third vote, is seen by both ranks at the fourth. The same two
-    ranks then gather values of different sizes and meet at a barrier."""
+    """The engine's stop vote (distributed.StopVote) is cast one step before each log step and read at it, so
+    that the GPU never waits for it: rank 1's flag, raised after step 3 of a run logged every step, is seen by
+    both ranks after step 4; raised after step 7 of a run logged every 5th step, both stop at step 10. The same
+    two ranks then gather values of different sizes and meet at a barrier."""
     script = str(Path(__file__).parent / "fixtures" / "stop_vote.py")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script],
                        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     expected = "[False, False, False, True, False]"
     assert f"rank 0 read {expected}" in p.stdout and f"rank 1 read {expected}" in p.stdout, p.stdout
+    assert "rank 0 stopped at 10" in p.stdout and "rank 1 stopped at 10" in p.stdout, p.stdout
     assert "rank 0 settled True" in p.stdout and "rank 1 settled True" in p.stdout, p.stdout
     # the same processes: the workbook's own all_gather (held tensors) with a different size on each rank
     for r in (0, 1):

@@ -126,3 +126,36 @@ def test_a_signal_that_reaches_a_worker_before_its_first_line_is_held_until_the_
     cfg = tiny(tmp_path / "run", num_workers=2, train_size=64, batch_size=8)
     batches = list(data.build_input(cfg, "train").epoch(0))
     assert len(batches) == 8
+
+
+STOP_AT = """
+import sys
+from tutorial_lib import engine
+from tutorial_lib.__main__ import main
+
+step = engine.Run.train_step
+
+
+def train_step(self, x, y):  # rank 1 sees a stop signal during step 26
+    if self.step == 25 and self.env.rank == 1:
+        self.stop_requested, self.stop_signal = True, "SIGUSR1"
+    return step(self, x, y)
+
+
+engine.Run.train_step = train_step
+sys.exit(main(["train", *sys.argv[1:]]))
+"""
+
+
+def test_ddp_stops_at_the_first_log_step_after_the_signal(tmp_path):
+    """The ranks agree to stop at a log_every step, and they reach that agreement without stopping the device: the
+    vote is cast one step before each log step and read at it. A signal seen by one rank during step 26 stops
+    every rank at step 40 with log_every=20 (it stopped at 60: the vote cast at 40 was read at 60)."""
+    out = tmp_path / "ddp"
+    (tmp_path / "stop_at.py").write_text(STOP_AT)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        str(tmp_path / "stop_at.py"), *TINY, "parallel=ddp", "steps=400", "num_workers=0",
+                        "log_every=20", "train_size=256", "eval=false", f"out_dir={out}"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert "checkpoint at step 40 " in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 40

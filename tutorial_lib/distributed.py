@@ -296,21 +296,31 @@ def _dense(t: torch.Tensor) -> bool:
 
 
 class StopVote:
-    """Did any rank see a stop signal (SIGUSR1)? Asked every log interval without stopping the GPU: `.item()`
-    right after an all_reduce waits for every kernel queued so far, and the GPU then idles while Python queues
-    the next step. So the vote cast at one interval is read at the next (copied to pinned host memory in the
-    meantime): every rank reads the same vote at the same step, and they all stop together, one interval later."""
+    """Did any rank see a stop signal? Asked at every log_every step without stopping the GPU: `.item()` right
+    after an all_reduce waits for every kernel queued so far, and the GPU then idles while Python queues the next
+    step. So the vote is cast one step before each log step (copied to pinned host memory in the meantime) and
+    read at the log step, while the device still has that step queued: every rank reads the same vote at the
+    same step, and they all stop together at the first log step after the signal (one step later when the signal
+    comes in the step before it). One process: the flag itself, at every step."""
 
-    def __init__(self, env: DistEnv):
-        self.env, self.pending = env, None
+    def __init__(self, env: DistEnv, every: int = 1, last: int | None = None):
+        self.env, self.every, self.last, self.pending = env, every, last, None
 
-    def poll(self, flag: bool) -> bool:
-        """Cast this rank's `flag`; True when the previous vote found a flag on some rank."""
+    def _log_step(self, step: int) -> bool:
+        return step % self.every == 0 or step == self.last
+
+    def stop_now(self, step: int, flag: bool) -> bool:
+        """After `step`: True on every rank when the run stops here (a vote cast before it found a flag on some
+        rank); casts this rank's `flag` when the next step is a log step."""
         if not self.env.distributed:
             return flag
-        seen = False
-        if self.pending is not None:
-            seen = bool(self._land().item())
+        seen = bool(self._land().item()) if self.pending is not None and self._log_step(step) else False
+        if not seen and self._log_step(step + 1) and (self.last is None or step < self.last):
+            self.cast(flag)
+        return seen
+
+    def cast(self, flag: bool) -> None:
+        """Start the all-reduce of this rank's `flag` (the answer is read by `_land`)."""
         nccl = self.env.backend == "nccl"
         t = torch.full((1,), int(flag), dtype=torch.int32, device=_device(self.env))
         done = _hand_over(self.env, "stop vote", t)
@@ -324,7 +334,6 @@ class StopVote:
             self.pending = (host, ready, done)
         else:
             self.pending = (t, work, done)
-        return seen
 
     def _land(self) -> torch.Tensor:
         """Wait for the vote cast last (and, with gloo, for its worker to let go of it); its answer."""

@@ -270,7 +270,7 @@ class Run:
 
         def report(wait: bool = False) -> None:
             self.report_losses(self.loss_log.ready(wait), writer, first_step, progress)
-        vote = distributed.StopVote(env)  # the stop check of each log interval, read one interval later: no sync
+        vote = distributed.StopVote(env, cfg.log_every, self.total_steps)  # cast a step before a log step: no sync
         try:
             self.check_stop()  # a signal during set-up
             with profiling.profiler(cfg, env) as prof:
@@ -295,9 +295,7 @@ class Run:
                     if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                         self.loss_log.ship(self.step)
                         report()
-                        if vote.poll(self.stop_requested):
-                            raise Preempted
-                    elif not env.distributed and self.stop_requested:
+                    if vote.stop_now(self.step, self.stop_requested):  # DDP: at log steps, where ranks agree
                         raise Preempted
                     if cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
                         self.loss_log.ship(self.step)
