@@ -159,3 +159,60 @@ def test_ddp_stops_at_the_first_log_step_after_the_signal(tmp_path):
                        text=True, cwd=ROOT, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert "checkpoint at step 40 " in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
     assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 40
+
+
+# ================================================================ finished runs, and what a resumed run keeps
+# the tiny run's validation accuracy every 2 steps (seed 0, val_size 64): 1.6, 1.6, 12.5, 7.8, 4.7, 4.7, 10.9, ...%
+EARLY = dict(steps=24, eval_every=2, val_size=64, ckpt_every=2)
+
+
+@pytest.mark.parametrize("how,stop_step", [(dict(target_accuracy=0.12), 6), (dict(patience=3), 12)],
+                         ids=["target_accuracy", "patience"])
+def test_a_run_stopped_early_is_finished_and_keeps_its_result(tiny_cfg, capsys, how, stop_step):
+    cfg = tiny_cfg(**EARLY, **how)
+    first = engine.train(cfg)
+    why = next(iter(how))
+    assert first.steps == stop_step and first.stopped_by == why and first.val_history[-1][0] == stop_step
+    assert "stopping" in capsys.readouterr().out
+    saved = (Path(cfg.out_dir) / "result.json").read_bytes()
+    for again in (cfg, cfg.replace(steps=40)):  # the same command, and a longer one: nothing more to train
+        kept = engine.train(again)
+        assert "holds a finished run" in capsys.readouterr().out
+        assert kept.steps == stop_step and kept.val_history == first.val_history
+        assert (Path(cfg.out_dir) / "result.json").read_bytes() == saved
+
+
+def test_patience_is_checked_and_documented():
+    from tutorial_lib import config
+
+    for bad, message in ((dict(patience=-1), "patience=-1 must be >= 0"),
+                         (dict(patience=2), "patience=2 needs eval_every > 0"),
+                         (dict(patience=2, eval_every=20, steps=10), "no validation pass within the run"),
+                         (dict(target_accuracy=0.5, eval_every=20, steps=10), "no validation pass within the run")):
+        with pytest.raises(config.ConfigError, match=message):
+            config.TrainConfig(**bad)
+    assert "without a better validation accuracy" in config.key_help()["patience"][2]
+
+
+def test_target_accuracy_with_epochs_is_checked_against_the_run_length(tiny_cfg):
+    cfg = tiny_cfg(steps=None, epochs=1, train_size=64, batch_size=16, eval_every=5, target_accuracy=0.5)
+    with pytest.raises(engine.ConfigError, match="eval_every=5: the run has 4 steps"):
+        engine.train(cfg)
+
+
+def test_a_resumed_run_keeps_its_whole_validation_history_and_its_clock(tiny_cfg, tmp_path):
+    from conftest import interrupted_at
+
+    kw = dict(steps=12, eval_every=2, val_size=64)
+    straight = engine.train(tiny_cfg(out_dir=tmp_path / "straight", **kw))
+    cfg = tiny_cfg(**kw)
+    interrupted_at(cfg, 7)
+    before = torch.load(Path(cfg.out_dir) / "checkpoint.pt", weights_only=True)
+    assert [h[0] for h in before["val_history"]] == [2, 4, 6]
+    resumed = engine.train(cfg)
+    assert resumed.resumed_from_step == 7 and resumed.loss == straight.loss
+    assert [(s, a) for s, _, a in resumed.val_history] == [(s, a) for s, _, a in straight.val_history]
+    assert resumed.val_history[:3] == before["val_history"]  # the points before the interruption, as they were
+    seconds = [t for _, t, _ in resumed.val_history]
+    assert seconds == sorted(seconds) and seconds[3] > seconds[2]  # counted on from the original start
+    assert before["clock"]["seconds"] >= seconds[2] and resumed.wall_time_s > before["clock"]["wall_s"]

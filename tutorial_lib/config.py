@@ -160,6 +160,7 @@ class TrainConfig:
     eval: bool = True  # validation accuracy at the end
     eval_every: int = 0  # steps between validation passes recorded in val_history (0: none during training)
     target_accuracy: float | None = None  # stop once validation accuracy reaches this (needs eval_every)
+    patience: int = 0  # stop after this many validation passes without a better validation accuracy (0: never)
     tensorboard: bool = True  # write TensorBoard scalars to out_dir/tb
     progress: bool = True  # a progress bar in a terminal or notebook (log lines in batch logs)
     # profiling (see tutorial_lib.profiling, notebook 02)
@@ -196,12 +197,17 @@ class TrainConfig:
                                            or self.num_workers < 0):
             raise ConfigError(f"num_workers={self.num_workers!r} must be auto or an integer >= 0")
         for name in ("ckpt_every", "warmup_steps", "timing_warmup", "profile_wait",
-                     "profile_warmup", "eval_every"):
+                     "profile_warmup", "eval_every", "patience"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
         if self.target_accuracy is not None and not (0 < self.target_accuracy <= 1 and self.eval_every):
             raise ConfigError(f"target_accuracy={self.target_accuracy!r} needs a fraction in (0, 1] and "
                               f"eval_every > 0 (now {self.eval_every}), e.g. target_accuracy=0.9 eval_every=50")
+        if self.patience and not self.eval_every:
+            raise ConfigError(f"patience={self.patience} needs eval_every > 0: it counts validation passes, e.g. "
+                              f"patience=3 eval_every=50")
+        if self.steps is not None:
+            self.check_eval_every(self.steps)
         if not self.lr > 0:
             raise ConfigError(f"lr={self.lr!r} must be > 0 (e.g. lr=0.1 for SGD, lr=1e-3 for AdamW)")
         if not self.weight_decay >= 0:
@@ -243,6 +249,14 @@ class TrainConfig:
                               "sync_batchnorm=false")
         if self.compile and self.parallel == "dp":
             raise ConfigError("compile=true with parallel='dp' is not supported; use parallel=ddp to compile")
+
+    def check_eval_every(self, total_steps: int) -> None:
+        """target_accuracy and patience act at the validation passes: at least one must fall within the run."""
+        stop = "target_accuracy" if self.target_accuracy is not None else "patience" if self.patience else None
+        if stop and self.eval_every > total_steps:
+            raise ConfigError(f"{stop}={getattr(self, stop)} with eval_every={self.eval_every}: the run has "
+                              f"{total_steps} steps, so no validation pass within the run could stop it; use "
+                              f"eval_every <= {total_steps}")
 
     def check_cuda_graph(self) -> None:
         """What a whole-step CUDA graph can't hold (tutorial_lib.stepgraph says why)."""

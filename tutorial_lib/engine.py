@@ -79,6 +79,7 @@ class Run:
         self.total_steps = cfg.steps or max(1, cfg.epochs * self.steps_per_epoch // cfg.grad_accum_steps)
         self.images_per_step = self.batch_size * env.world_size * cfg.grad_accum_steps
         check_timed(cfg, self.total_steps, self.steps_per_epoch)
+        cfg.check_eval_every(self.total_steps)
         self.raw_model = models.build(cfg.model, data.num_classes(cfg.dataset)).to(self.device)
         if cfg.channels_last:
             self.raw_model = self.raw_model.to(memory_format=torch.channels_last)
@@ -95,6 +96,9 @@ class Run:
         self.prior_timing = {"times": [], "waits": []}  # step times (ms) and data waits (s) before a resume
         self.stop_signal: str | None = None
         self.val_history: list = []  # [step, training seconds, accuracy] every eval_every steps
+        self.stopped_by: str | None = None  # target_accuracy or patience: the run ended early, and is finished
+        self.t_start, self.t_loop, self.eval_seconds = None, None, 0.0  # this process's clocks (see training_seconds)
+        self.seconds_before = self.first_step_s = self.wall_before = 0.0  # the clocks of a resumed run before it
 
     def wrap(self, net: nn.Module) -> nn.Module:
         """The model as the step calls it: DDP or DataParallel around `net`, compiled if asked (notebook 05).
@@ -238,14 +242,13 @@ class Run:
         """Train to total_steps, evaluate, write result.json. A stop signal (SIGUSR1, SIGTERM) at any point of
         it ends the run with a checkpoint and Preempted; a run already finished returns its saved result."""
         cfg, env = self.cfg, self.env
-        t_start = time.perf_counter()
+        t_start = self.t_start = time.perf_counter()
         try:
             with StopSignals(self), OutDirLock(self.out, env.is_main):
                 self.maybe_resume()
-                if self.step >= self.total_steps and (self.out / "result.json").is_file():
-                    log(env, f"{self.out} holds a finished run ({self.step} steps; result.json kept); "
-                             "resume=false trains it again from step 0, a larger steps= continues it")
-                    return load_result(self.out)
+                kept = self.kept_result()
+                if kept is not None:
+                    return kept
                 self.clock = StepClock(self.device, warmup=untimed_steps(cfg, cfg.timing_warmup - self.step),
                                        time_first=cfg.compile, prior=self.prior_timing, parts=cfg.time_parts)
                 self.loop(self.clock)
@@ -277,7 +280,7 @@ class Run:
                 batches = self.batches()
                 clock.start()
                 self.t_loop, self.eval_seconds = None, 0.0
-                while self.step < self.total_steps:
+                while self.step < self.total_steps and not self.stopped_by:  # stopped_by: finished early (resumed)
                     with profiling.nvtx_range("data wait", cfg.nvtx):
                         t0 = time.perf_counter()
                         x, y = self.next_batch(batches)
@@ -302,7 +305,7 @@ class Run:
                         report(wait=True)
                         self.save_checkpoint()
                     if cfg.eval_every and self.step % cfg.eval_every == 0 and self.periodic_eval():
-                        break  # target_accuracy reached (the same accuracy on every rank: all-reduced)
+                        break  # target_accuracy or patience (the same accuracy on every rank: all-reduced)
             vote.settle()
             self.loss_log.ship(self.step)
             report(wait=True)
@@ -379,26 +382,70 @@ class Run:
             loss=self.losses, final_loss=self.losses[-1] if self.losses else float("nan"), val_accuracy=accuracy,
             peak_memory_mb=torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None,
             param_checksums=distributed.all_gather(models.param_checksum(self.raw_model), env),
-            resumed_from_step=self.resumed_from, wall_time_s=wall, torch_version=torch.__version__,
+            resumed_from_step=self.resumed_from, wall_time_s=self.wall_before + wall, torch_version=torch.__version__,
             compile_time_s=clock.first_step_s, flops_per_image=flops,
             mfu=peaks.mfu(timing["throughput_img_s"], flops, device_name(self.device), cfg.precision, env.world_size),
             fp16_skipped_steps=self.skipped.total(), num_workers_used=self.input.workers,
-            val_history=self.val_history)
+            val_history=self.val_history, stopped_by=self.stopped_by or "steps")
         if env.is_main:
             result.save(self.out)
         return result
 
     def periodic_eval(self) -> bool:
         """A validation pass every eval_every steps, recorded as [step, training seconds, accuracy] (notebook 06:
-        accuracy against time); the seconds count from the end of the first step and leave the validation
-        passes out. True once target_accuracy is met."""
+        accuracy against time; the seconds: training_seconds). True once the run stops early (early_stop)."""
         now = self.synced_time()
         accuracy = self.evaluate()
-        self.val_history.append([self.step, round(now - self.t_loop - self.eval_seconds, 4), accuracy])
+        self.val_history.append([self.step, round(self.training_seconds(now), 4), accuracy])
         self.eval_seconds += time.perf_counter() - now
         self.clock.pause_ended()  # the validation pass is not a training step: left out of the step times
-        log(self.env, f"step {self.step}: val acc {100 * accuracy:.1f}% after {self.val_history[-1][1]:.1f} s")
-        return self.cfg.target_accuracy is not None and accuracy >= self.cfg.target_accuracy
+        self.stopped_by = self.early_stop()
+        why = {None: "", "target_accuracy": f"; target_accuracy={self.cfg.target_accuracy} reached: stopping",
+               "patience": f"; no better accuracy in {self.cfg.patience} passes (patience): stopping"}
+        log(self.env, f"step {self.step}: val acc {100 * accuracy:.1f}% after {self.val_history[-1][1]:.1f} s"
+                      + why[self.stopped_by])
+        return self.stopped_by is not None
+
+    def early_stop(self) -> str | None:
+        """Why the run stops at this validation pass: 'target_accuracy' once its accuracy reaches the target,
+        'patience' when the last `patience` passes found no better accuracy than the best before them; or None."""
+        cfg, accuracies = self.cfg, [a for _, _, a in self.val_history]
+        if cfg.target_accuracy is not None and accuracies[-1] >= cfg.target_accuracy:
+            return "target_accuracy"
+        if cfg.patience and len(accuracies) > cfg.patience and \
+                max(accuracies[-cfg.patience:]) <= max(accuracies[:-cfg.patience]):
+            return "patience"
+        return None
+
+    def training_seconds(self, now: float) -> float:
+        """val_history's clock: seconds of training since the end of the run's first step (its one-off costs,
+        cuDNN autotuning, are not training), the validation passes left out. A resumed run counts on from its
+        checkpoint's seconds, its own first step as an average step of before."""
+        if self.t_loop is None:
+            return self.seconds_before
+        return self.seconds_before + self.first_step_s + now - self.t_loop - self.eval_seconds
+
+    def finished(self) -> bool:
+        """The run has nothing left to train: all its steps, or it stopped early (target_accuracy, patience)."""
+        return self.step >= self.total_steps or self.stopped_by is not None
+
+    def kept_result(self) -> Result | None:
+        """A finished run's result.json (nothing is trained again); None when there are steps left, or when the
+        file is missing or damaged: the run then finishes from its checkpoint and writes it, training nothing."""
+        if not self.finished():
+            return None
+        why = f"stopped by {self.stopped_by} at step {self.step}" if self.stopped_by else f"{self.step} steps"
+        try:
+            result = load_result(self.out)
+        except UserError:
+            state = "is damaged" if (self.out / "result.json").exists() else "is missing"
+            log(self.env, f"{self.out} holds a finished run ({why}) whose result.json {state}: writing it again from "
+                          "the checkpoint (no step is trained again)")
+            return None
+        longer = "" if self.stopped_by else ", a larger steps= continues it"
+        log(self.env, f"{self.out} holds a finished run ({why}; result.json kept); resume=false trains it again "
+                      f"from step 0{longer}")
+        return result
 
     def synced_time(self) -> float:
         """The host clock once the device has run everything queued."""
@@ -451,10 +498,25 @@ class Run:
         state = {"step": self.step, "model": self.raw_model.state_dict(), "optimizer": self.opt.state_dict(),
                  "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(),
                  "losses": self.losses, "rng_cpu": torch.get_rng_state(), "config": self.cfg.to_dict(),
-                 "world_size": self.env.world_size, "timing": timing}
+                 "world_size": self.env.world_size, "timing": timing, "val_history": self.val_history,
+                 "stopped_by": self.stopped_by, "clock": self.clocks()}
         if self.device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state(self.device)
         write_checkpoint(state, self.out / "checkpoint.pt")
+
+    def clocks(self) -> dict:
+        """The clocks a checkpoint carries: val_history's training seconds, and the wall time of the run so far."""
+        now = self.synced_time()
+        wall = now - self.t_start if self.t_start is not None else 0.0
+        return {"seconds": self.training_seconds(now), "wall_s": self.wall_before + wall}
+
+    def resume_clocks(self, state: dict) -> None:
+        """Carry on the clocks, the validation history and the early stop of the checkpoint `state`."""
+        self.val_history = [list(h) for h in state.get("val_history") or []]
+        self.stopped_by = state.get("stopped_by")
+        clock = state.get("clock") or {}
+        self.seconds_before, self.wall_before = float(clock.get("seconds", 0.0)), float(clock.get("wall_s", 0.0))
+        self.first_step_s = self.seconds_before / (self.step - 1) if self.step > 1 else 0.0
 
     def maybe_resume(self) -> None:
         path = self.out / "checkpoint.pt"
@@ -477,6 +539,7 @@ class Run:
         self.step, self.resumed_from = state["step"], state["step"]
         self.loss_log.values = list(state["losses"])
         self.prior_timing = state.get("timing") or self.prior_timing
+        self.resume_clocks(state)
         log(self.env, f"resuming from step {self.step} of {path} (resume=false starts afresh)")
 
 

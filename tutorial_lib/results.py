@@ -38,6 +38,7 @@ class Result:
     num_workers_used: int | None = None  # DataLoader workers the run had (num_workers=auto resolved)
     val_history: list = field(default_factory=list)  # [step, training seconds, val accuracy] per eval_every
     host_parts_ms: dict | None = None  # time_parts=true: host ms per timed step of each labelled phase, and "step"
+    stopped_by: str | None = None  # why the run ended: steps (its length), target_accuracy or patience
 
     def summary(self) -> str:
         acc = "n/a" if self.val_accuracy is None else f"{100 * self.val_accuracy:.1f}%"
