@@ -67,15 +67,15 @@ def test_checkpoint_write_is_atomic(tiny_cfg, tmp_path, monkeypatch):
     ckpt = tmp_path / "run" / "checkpoint.pt"
     before = ckpt.read_bytes()
 
-    def crash(obj, path, *a, **k):
-        open(path, "wb").write(b"half a checkpoint")
+    def crash(obj, f, *a, **k):  # torch.save writes into the fresh temporary file it is given
+        f.write(b"half a checkpoint")
         raise OSError("disk full")
     monkeypatch.setattr(torch, "save", crash)
     run = Run(cfg.replace(steps=6), engine.distributed.setup("none", "cpu"))
     with pytest.raises(engine.UserError, match="could not write the checkpoint"):
         run.save_checkpoint()
     assert ckpt.read_bytes() == before  # the old checkpoint survives a failed write
-    assert not ckpt.with_name("checkpoint.pt.tmp").exists()
+    assert not list(ckpt.parent.glob(".checkpoint.pt.*"))  # nor its partial file
 
 
 def test_resume_refuses_a_different_run(tiny_cfg):

@@ -200,7 +200,7 @@ def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path, monkeypatch):
     with OutDirLock(tmp_path / "run"):  # the first run
         with pytest.raises(UserError, match=f"in use by another run \\(pid {os.getpid()} on "):
             engine.train(cfg)
-    assert not (tmp_path / "run" / "checkpoint.pt.tmp").exists()
+    assert not list((tmp_path / "run").glob(".checkpoint.pt.*"))
 
 
 CHANGES = [dict(lr=0.01), dict(seed=1), dict(train_size=128), dict(augment=False), dict(lr_schedule="constant"),
@@ -244,8 +244,8 @@ def test_a_failed_checkpoint_write_keeps_the_old_one_and_says_why(tmp_path, monk
             err = (RuntimeError("[enforce fail at inline_container.cc:659] . unexpected pos 64 vs 0")
                    if fault == "torch iostream error" else OSError(getattr(errno, fault), os.strerror(getattr(errno, fault))))
 
-            def failing_save(obj, path, *a, **k):
-                Path(path).write_bytes(b"half")
+            def failing_save(obj, f, *a, **k):
+                f.write(b"half")
                 raise err
             monkeypatch.setattr(torch, "save", failing_save)
         expected = {"tmpfs full": "no space left on", "ENOSPC": "no space left on", "EDQUOT": "disk quota exceeded",
@@ -254,10 +254,174 @@ def test_a_failed_checkpoint_write_keeps_the_old_one_and_says_why(tmp_path, monk
             write_checkpoint(state, folder / "checkpoint.pt")
         assert "previous checkpoint" in str(e.value) and str(folder) in str(e.value)
         assert (folder / "checkpoint.pt").read_bytes() == b"the previous checkpoint"
-        assert not (folder / "checkpoint.pt.tmp").exists()
+        assert not list(folder.glob(".checkpoint.pt.*"))  # the partial file is removed
     finally:
         if fault == "tmpfs full":
             subprocess.run(["umount", "-l", str(folder)])  # lazily: torch may still hold the partial file
+
+
+def _fill(folder: Path) -> Path:
+    """Fill the file system of `folder` to the last byte; returns the filler file."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for size in (1 << 16, 512, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+class _FullDisk:
+    """A file whose first write fails as on a full disk (`code`: ENOSPC or EDQUOT), after a few bytes."""
+
+    def __init__(self, f, code):
+        self.f, self.code = f, code
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def write(self, data):
+        self.f.write(data[:10])
+        raise OSError(self.code, os.strerror(self.code))
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 4 MB tmpfs (root only): a real full disk."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(folder)]).returncode:
+        pytest.skip("mount -t tmpfs is not allowed here")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)])
+
+
+def _full_at_finish(monkeypatch, out: Path) -> None:
+    """Fill the disk of `out` when the run has trained and is about to write its result."""
+    finish = engine.Run.finish
+    monkeypatch.setattr(engine.Run, "finish", lambda self, *a: (_fill(out), finish(self, *a))[1])
+
+
+@pytest.mark.parametrize("fault", ["ENOSPC", "EDQUOT"])
+def test_a_full_disk_when_result_json_is_written_keeps_the_trained_run(tmp_path, monkeypatch, capsys, fault):
+    """The default ckpt_every=0 keeps no checkpoint: when result.json can't be written, the trained run goes into
+    one, and the same command then writes result.json without training again."""
+    from tutorial_lib import results
+
+    cfg = tiny(tmp_path / "run", steps=4, val_size=16)
+    fresh = results.fresh_file
+
+    def full_for_the_result(path):
+        f, tmp = fresh(path)
+        return (_FullDisk(f, getattr(errno, fault)) if path.name == "result.json" else f), tmp
+    with monkeypatch.context() as m:
+        m.setattr(results, "fresh_file", full_for_the_result)
+        with pytest.raises(UserError) as e:
+            engine.train(cfg)
+    assert not list((tmp_path / "run").glob(".result.json.*"))  # no partial file left
+    message = str(e.value)
+    assert "\n" not in message and str(tmp_path / "run") in message and "result.json" in message
+    assert ("no space left on" if fault == "ENOSPC" else "disk quota exceeded on") in message
+    assert "checkpoint at step 4" in message and "run the same command again" in message
+    capsys.readouterr()
+    again = engine.train(cfg)
+    assert again.steps == 4 and again.resumed_from_step == 4 and len(again.loss) == 4  # nothing trained again
+    assert "holds a finished run (4 steps) whose result.json is missing" in capsys.readouterr().out
+    assert (tmp_path / "run" / "result.json").is_file()
+
+
+def test_a_really_full_disk_at_the_end_of_a_run_is_one_line_and_leaves_no_partial_file(small_tmpfs, monkeypatch):
+    out = small_tmpfs / "run"
+    cfg = tiny(out, steps=2, val_size=16, model="mnist_cnn", dataset="mnist")  # a small checkpoint, still too big
+    monkeypatch.setattr(engine.data, "base_dataset", _fake_mnist)
+    _full_at_finish(monkeypatch, out)
+    with pytest.raises(UserError) as e:
+        engine.train(cfg)
+    message = str(e.value)
+    assert "\n" not in message and f"no space left on {out}" in message and "could not be saved" in message
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "filler"]  # no partial result or checkpoint
+
+
+def _fake_mnist(cfg, split):
+    """MNIST-shaped images without the files (the tmpfs is too small for anything else)."""
+    import numpy as np
+
+    from tutorial_lib.data import ArrayImages
+
+    n = cfg.train_size if split == "train" else cfg.val_size
+    rng = np.random.default_rng(0)
+    return ArrayImages(rng.integers(0, 255, (n, 28, 28, 1), dtype=np.uint8), rng.integers(0, 10, n))
+
+
+@pytest.mark.parametrize("where", ["writer", "tensorboard.start"])
+def test_a_full_disk_for_tensorboard_is_one_line(small_tmpfs, tb_state, where):
+    (small_tmpfs / "run").mkdir()  # the run's folder exists: the event file is what can't be written
+    _fill(small_tmpfs)
+    expected = "TensorBoard can't write its event file into .*no space left on .*tensorboard=false" \
+        if where == "writer" else f"TensorBoard .*no space left on {small_tmpfs}"
+    with pytest.raises(UserError, match=expected) as e:
+        if where == "writer":
+            engine.train(tiny(small_tmpfs / "run", steps=2, tensorboard=True))
+        else:
+            tensorboard.start(small_tmpfs / "runs")
+    assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- links planted in out_dir
+PLANTED = [".lock", "checkpoint.pt.tmp", f".result.json.{os.getpid()}.tmp", "result.json", "tb"]
+
+
+@pytest.mark.parametrize("name", PLANTED)
+@pytest.mark.parametrize("kind", ["symlink", "hard link"])
+def test_a_link_planted_in_out_dir_never_makes_the_run_write_through_it(tmp_path, name, kind):
+    """In a shared, group-writable runs folder anyone may create files in your out_dir: a link named like a file the
+    run writes must not make the run overwrite what it points to. The lock refuses links; every other file is
+    written as a fresh file under a random name, then renamed over the name (which replaces a link, not its
+    target)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "run"
+    out.mkdir()
+    if name == "tb":
+        if kind == "hard link":
+            pytest.skip("folders have no hard links")
+        (out / name).symlink_to(tmp_path, target_is_directory=True)
+    elif kind == "symlink":
+        (out / name).symlink_to(victim)
+    else:
+        os.link(victim, out / name)
+    cfg = tiny(out, steps=4, ckpt_every=2, val_size=16, tensorboard=True)
+    if name == ".lock":
+        with pytest.raises(UserError, match=r"\.lock is a (symbolic|hard) link.*remove it"):
+            engine.train(cfg)
+    else:
+        engine.train(cfg)
+        assert (out / "result.json").is_file() and not (out / "result.json").is_symlink()
+    assert victim.read_text() == "precious"
+    assert not list(out.glob(".*.tmp")) or name.endswith(".tmp")  # no temporary file of ours left behind
+
+
+def test_tensorboard_start_never_writes_its_log_through_a_planted_link(tmp_path, tb_state):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    logdir = tmp_path / "runs"
+    logdir.mkdir()
+    (logdir / ".tensorboard.log").symlink_to(victim)
+    tb = tensorboard.start(logdir)
+    try:
+        assert victim.read_text() == "precious" and not (logdir / ".tensorboard.log").is_symlink()
+    finally:
+        tensorboard.stop(tb)
 
 
 # ================================================================ no silent wrong results
@@ -556,3 +720,29 @@ def test_an_impossible_node_count_names_the_partitions_nodes(monkeypatch):
     msg = slurm.refusal_message(Path("jobs/x.sbatch"), "sbatch: error: Batch job submission failed: Node count "
                                                        "specification invalid")
     assert "more nodes than its partition has" in msg and "debug*: 2 nodes" in msg
+
+
+@pytest.mark.parametrize("name,kw", [("gpu_monitor.csv", dict(gpu_monitor=1)),
+                                     ("line_profile.lprof", dict(line_profile=True)), ("nsys", dict(nsys=True))])
+def test_a_job_never_writes_its_own_files_through_a_link_planted_in_out_dir(tmp_path, name, kw):
+    """The files a job writes into out_dir itself (the GPU monitor's CSV, line_profiler's report, nsys's reports)
+    are refused at the job's top when a link stands in their place."""
+    out = tmp_path / "runs" / "t_link"
+    out.mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (out / name).symlink_to(victim)
+    path = jobs.write("t_link", TrainConfig(steps=2, out_dir=str(out)), site="local", jobs_dir=tmp_path, show=False,
+                      **kw)
+    stubs = tmp_path / "bin"  # the tools the job checks for, doing nothing
+    stubs.mkdir()
+    for tool in ("nsys", "kernprof", "nvidia-smi"):
+        (stubs / tool).write_text("#!/bin/sh\necho fake\n")
+        (stubs / tool).chmod(0o755)
+    env = {"PATH": f"{stubs}:{Path(sys.executable).parent}:/usr/bin:/bin", "SLURM_SUBMIT_DIR": str(tmp_path),
+           "SLURM_JOB_ID": "1", "SLURM_JOB_NAME": "t_link", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "node1",
+           "SLURM_CPUS_PER_TASK": "1", "HOME": str(tmp_path)}
+    (tmp_path / "tutorial_lib").mkdir()
+    p = subprocess.run(["bash", str(path)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert p.returncode == 2 and f"error: {out}/{name} is a link" in p.stderr, p.stdout + p.stderr
+    assert victim.read_text() == "precious"

@@ -6,24 +6,28 @@ from __future__ import annotations
 import errno
 import os
 import platform
-import shutil
 import signal
+import stat
 from pathlib import Path
 
 import torch
 
 from .config import UserError
+from .results import disk_problem, existing, fresh_file
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)  # Slurm's warning before the time limit; scancel, the limit
 CHECKPOINT_KEYS = ("step", "model", "optimizer", "scheduler", "scaler", "losses", "rng_cpu", "config", "world_size")
 
 
 def write_checkpoint(state: dict, path: Path) -> None:
-    """torch.save to a temporary file beside `path`, then one rename: a crash mid-write never leaves a
-    half-written checkpoint. A full disk keeps the previous checkpoint and removes the partial file."""
-    tmp = path.with_name(path.name + ".tmp")
+    """torch.save to a fresh temporary file beside `path` (results.fresh_file: never through a planted link),
+    then one rename: a crash mid-write never leaves a half-written checkpoint. A full disk keeps the previous
+    checkpoint and removes the partial file."""
+    tmp = None
     try:
-        torch.save(state, tmp)
+        f, tmp = fresh_file(path)
+        with f:
+            torch.save(state, f)
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:
         raise UserError(_write_error(path, tmp, e)) from None
@@ -45,19 +49,14 @@ def read_checkpoint(path: Path, device: torch.device) -> dict:
     return state
 
 
-def _write_error(path: Path, tmp: Path, e: Exception) -> str:
+def _write_error(path: Path, tmp: Path | None, e: Exception) -> str:
     """The one-line message for a checkpoint that could not be written; the partial file is removed first."""
-    try:
-        full = shutil.disk_usage(path.parent).free < 1 << 20  # torch's writer hides ENOSPC behind an iostream error
-    except OSError:
-        full = False
-    tmp.unlink(missing_ok=True)
+    problem = disk_problem(path.parent, e)  # torch's writer hides ENOSPC behind an iostream error
+    if tmp is not None:
+        tmp.unlink(missing_ok=True)
     kept = f"the previous checkpoint {path} is kept" if path.is_file() else "no earlier checkpoint exists"
-    fix = f"{kept}. Free space or use another out_dir"
-    if getattr(e, "errno", None) == errno.EDQUOT:
-        return f"disk quota exceeded on {path.parent} while writing the checkpoint; {fix}"
-    if getattr(e, "errno", None) == errno.ENOSPC or full:
-        return f"no space left on {path.parent} while writing the checkpoint; {fix}"
+    if problem:
+        return f"{problem} while writing the checkpoint; {kept}. Free space or use another out_dir"
     return f"could not write the checkpoint {path} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); {kept}"
 
 
@@ -68,7 +67,8 @@ def make_out_dir(out: Path) -> None:
         if not os.access(out, os.W_OK | os.X_OK):
             raise PermissionError(errno.EACCES, "permission denied")
     except OSError as e:
-        raise UserError(f"out_dir={str(out)!r} can't be used ({e.strerror or e}); choose a folder you can write, "
+        why = disk_problem(existing(out), e) or e.strerror or str(e)
+        raise UserError(f"out_dir={str(out)!r} can't be used ({why}); choose a folder you can write, "
                         "e.g. out_dir=runs/<name>") from None
 
 
@@ -86,7 +86,7 @@ class OutDirLock:
             return self
         if not self.main:
             return self
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fd = self._open()
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -97,9 +97,32 @@ class OutDirLock:
                 return self
             raise UserError(f"out_dir={str(self.path.parent)!r} is in use by another run ({holder}); wait for it, "
                             "or give this run another out_dir") from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"pid {os.getpid()} on {platform.node()}".encode(), 0)
+        try:  # who holds it, for the message a second run gets; a full disk leaves it out
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, f"pid {os.getpid()} on {platform.node()}".encode(), 0)
+        except OSError:
+            pass
         return self
+
+    def _open(self) -> int:
+        """The lock file, opened without following a link: in a shared runs folder anyone may plant `.lock` as a
+        link to a file of yours, which the lock's PID line would overwrite. A link is refused, never written."""
+        fix = "remove it (the run makes its own .lock)"
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
+                         0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise UserError(f"{self.path} is a symbolic link (to {os.readlink(self.path)}); {fix}") from None
+            why = disk_problem(self.path.parent, e) or e.strerror
+            raise UserError(f"out_dir={str(self.path.parent)!r} can't be used ({why}); choose a folder you can "
+                            "write") from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            os.close(fd)
+            what = "a hard link (one name of a file that has others)" if stat.S_ISREG(info.st_mode) else "not a file"
+            raise UserError(f"{self.path} is {what}; {fix}")
+        return fd
 
     def __exit__(self, *exc) -> None:
         if self.fd is not None:

@@ -6,6 +6,7 @@ Precision set-up lives in precision.py, checkpoint files and stop signals in che
 """
 from __future__ import annotations
 
+import errno
 import math
 import os
 import subprocess
@@ -26,7 +27,7 @@ from .precision import (SkippedSteps, autocast, backend_flags, grad_scaler, set_
 from .checkpoint import OutDirLock, StopSignals, make_out_dir, read_checkpoint, write_checkpoint
 from .config import ConfigError, TrainConfig, UserError, resume_differences, usable_cpus
 from .distributed import device_name  # tl.engine.device_name: notebooks 01-04
-from .results import Result, load_result
+from .results import Result, disk_problem, existing, load_result
 
 # The CLI's exit code after SIGUSR1 (Slurm's warning before the time limit) or SIGTERM (scancel, a time limit
 # without --signal): the checkpoint is written; run the same command again to continue.
@@ -99,6 +100,7 @@ class Run:
         self.stopped_by: str | None = None  # target_accuracy or patience: the run ended early, and is finished
         self.t_start, self.t_loop, self.eval_seconds = None, None, 0.0  # this process's clocks (see training_seconds)
         self.seconds_before = self.first_step_s = self.wall_before = 0.0  # the clocks of a resumed run before it
+        self.saved_step: int | None = None  # the step of the checkpoint this run last wrote
 
     def wrap(self, net: nn.Module) -> nn.Module:
         """The model as the step calls it: DDP or DataParallel around `net`, compiled if asked (notebook 05).
@@ -388,8 +390,25 @@ class Run:
             fp16_skipped_steps=self.skipped.total(), num_workers_used=self.input.workers,
             val_history=self.val_history, stopped_by=self.stopped_by or "steps")
         if env.is_main:
-            result.save(self.out)
+            self.save_result(result)
         return result
+
+    def save_result(self, result: Result) -> None:
+        """result.json; when it can't be written (a full disk, a quota), the trained run goes into a checkpoint
+        (unless one holds this step already) and a one-line error says how to get the result from it."""
+        try:
+            result.save(self.out)
+        except UserError as e:
+            log(self.env, f"the run's result, not saved: {result.summary()}")
+            try:
+                if self.saved_step != self.step:
+                    self.save_checkpoint()
+            except UserError:
+                raise UserError(f"{e}. The checkpoint could not be saved either: the trained weights are lost; "
+                                "free space, then train again") from None
+            raise UserError(f"{e}. The trained run is kept in its checkpoint at step {self.step} "
+                            f"({self.out / 'checkpoint.pt'}): once there is space, run the same command again: it "
+                            "writes result.json, training nothing") from None
 
     def periodic_eval(self) -> bool:
         """A validation pass every eval_every steps, recorded as [step, training seconds, accuracy] (notebook 06:
@@ -478,7 +497,15 @@ class Run:
             return None
         from torch.utils.tensorboard import SummaryWriter
 
-        return SummaryWriter(str(self.out / "tb"), purge_step=self.step if self.resumed_from else None)
+        try:
+            full = disk_problem(existing(self.out / "tb"))  # the writer's thread would fail with a traceback
+            if full:
+                raise OSError(errno.ENOSPC, full)
+            return SummaryWriter(str(self.out / "tb"), purge_step=self.step if self.resumed_from else None)
+        except OSError as e:
+            why = disk_problem(existing(self.out / "tb"), e) or e.strerror or str(e)
+            raise UserError(f"TensorBoard can't write its event file into {self.out / 'tb'} ({why}); free space, "
+                            "or give tensorboard=false") from None
 
     def progress_bar(self):
         from tqdm import tqdm
@@ -503,6 +530,7 @@ class Run:
         if self.device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state(self.device)
         write_checkpoint(state, self.out / "checkpoint.pt")
+        self.saved_step = self.step
 
     def clocks(self) -> dict:
         """The clocks a checkpoint carries: val_history's training seconds, and the wall time of the run so far."""

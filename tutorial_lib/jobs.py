@@ -309,8 +309,16 @@ def _context(name, site, r, program, points, cfg, description) -> dict[str, Any]
         "out_dir": program.out_dir, "sweep": sweep, "gpu_monitor": r.gpu_monitor, "requeue": r.requeue,
         "monitor_csv": _monitor_csv(program), "line_profile": bool(r.line_profile), "background": background,
         "launcher": f"{site.launcher} " if site.launcher else "", "command": runner, "nsys": r.nsys,
-        "tools": _tools(r, site),
+        "tools": _tools(r, site), "own_files": _own_files(r, program),
     }
+
+
+def _own_files(r: Resources, program: Program) -> list[str]:
+    """The files a training job writes into out_dir itself (the training writes its own files safely)."""
+    if not program.training:
+        return []
+    return [name for name, on in (("gpu_monitor.csv", r.gpu_monitor), ("line_profile.lprof", r.line_profile),
+                                  ("nsys", r.nsys)) if on]
 
 
 def _tools(r: Resources, site: Site) -> list[tuple[str, str]]:

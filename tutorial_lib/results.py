@@ -2,9 +2,12 @@
 (a login node collecting the results of batch jobs needs no GPU stack). Also the one atomic file write."""
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import secrets
+import shutil
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -99,13 +102,61 @@ def result_line(res: dict) -> str:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write `text` to `path` so that a crash never leaves a half-written file: a temporary file beside it,
-    then one rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write `text` to `path` so that a crash never leaves a half-written file: a fresh temporary file beside it
+    (fresh_file), then one rename. A full disk or quota is a one-line UserError; no partial file is left."""
+    path, tmp = Path(path), None
     try:
-        tmp.write_text(text)
+        f, tmp = fresh_file(path)
+        with f:
+            f.write(text.encode())
         os.replace(tmp, path)
+    except OSError as e:
+        raise UserError(write_problem(path, e)) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+    return path
+
+
+def fresh_file(path: Path):
+    """A new, empty file beside `path` for one write, and its name: a random name, created with O_EXCL (never a
+    file that exists, nor a link planted under that name: in a shared, group-writable folder anyone may create
+    one) and O_NOFOLLOW. Renamed over `path` once written, which replaces a link there rather than its target."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.fdopen(os.open(tmp, flags, 0o666), "wb"), tmp
+        except FileExistsError:  # a name someone else holds: draw another
+            continue
+
+
+def disk_problem(folder: Path, e: BaseException | None = None) -> str | None:
+    """'no space left on <folder>' or 'disk quota exceeded on <folder>' when that is why a write failed (also
+    when the error does not say so but the disk is full: torch's writer reports an iostream error); else None."""
+    code = getattr(e, "errno", None)
+    if code == errno.EDQUOT:
+        return f"disk quota exceeded on {folder}"
+    if code == errno.ENOSPC:
+        return f"no space left on {folder}"
+    try:
+        full = code is None and shutil.disk_usage(existing(folder)).free < 1 << 20
+    except OSError:
+        full = False
+    return f"no space left on {folder}" if full else None
+
+
+def write_problem(path: Path, e: OSError) -> str:
+    """The one-line reason `path` could not be written, with the fix."""
+    problem = disk_problem(path.parent, e)
+    if problem:
+        return f"{problem} while writing {path.name}; free space, or write somewhere else"
+    return f"could not write {path} ({e.strerror or e}); check that its folder exists and that you can write it"
+
+
+def existing(path: Path) -> Path:
+    """`path`, or its nearest ancestor that exists (where a folder to be made would live)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
     return path

@@ -21,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .config import UserError
+from .results import disk_problem, existing
 
 STATE = Path(os.environ.get("WORKBOOK_STATE_DIR", Path.home() / ".cache" / "tutorial_lib")) / "tensorboard.json"
 
@@ -167,20 +168,23 @@ def start(logdir: str | os.PathLike = "runs", port: int | None = None, timeout: 
     (Notebook 00 teaches it.)
     """
     logdir = str(Path(logdir).resolve())
-    Path(logdir).mkdir(parents=True, exist_ok=True)
     for tb in running():
         if tb.logdir == logdir:
             return tb
+    log = _open_log(Path(logdir))
     port = port or _free_port()
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1",
            "--port", str(port), "--reload_interval", "5"]
-    with open(Path(logdir) / ".tensorboard.log", "w") as log:  # the child keeps its own copy of the file
+    with log:  # the child keeps its own copy of the file
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     tb = TensorBoard(proc.pid, port, logdir)
     deadline = time.time() + timeout
     while not tb.alive():
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
+            full = disk_problem(Path(logdir))
+            if full:  # TensorBoard could not even write its log
+                raise UserError(f"TensorBoard did not start on port {port}: {full}; free space there")
             tail = (Path(logdir) / ".tensorboard.log").read_text()[-600:]
             raise UserError(f"TensorBoard did not start on port {port} (exit code {proc.poll()}); "
                             f"its log ends with:\n{tail}")
@@ -191,6 +195,22 @@ def start(logdir: str | os.PathLike = "runs", port: int | None = None, timeout: 
 
 
 _CHILDREN: dict = {}  # pid -> Popen of the TensorBoards this process started
+
+
+def _open_log(logdir: Path):
+    """Make `logdir` and open a new <logdir>/.tensorboard.log for TensorBoard's output: the old one is removed
+    first and the new one created afresh (O_EXCL, O_NOFOLLOW), so a link planted under that name in a shared
+    runs folder is replaced, never written through. A folder that can't be used is a one-line error."""
+    path = logdir / ".tensorboard.log"
+    try:
+        logdir.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        return os.fdopen(os.open(path, flags, 0o644), "w")
+    except OSError as e:
+        why = disk_problem(existing(logdir), e) or e.strerror or str(e)
+        raise UserError(f"TensorBoard can't use logdir={str(logdir)!r} ({why}); give a folder you can write, e.g. "
+                        "tl.tensorboard.start('runs')") from None
 
 
 def stop(tb: TensorBoard | None = None) -> int:
