@@ -578,6 +578,86 @@ def test_jobs_check_of_a_missing_folder_fails(folder, capsys):
     assert "does not exist" in err
 
 
+# ---------------------------------------------------------------- quiet mismatches (issue of the stop signals)
+def test_a_checkpoint_past_the_runs_length_is_refused_with_both_fixes(finished_run):
+    with pytest.raises(ConfigError, match=r"holds a run at step 4, past steps=2: .*steps >= 4.*resume=false"):
+        engine.train(finished_run.replace(steps=2))
+
+
+def test_tensorboard_start_on_a_port_in_use_says_so(tb_state, tmp_path):
+    """A port held by another TensorBoard of the same logdir (one this state file does not know): the handle
+    must not point at a process that failed to start while the other one answers for it."""
+    import http.server
+    import threading
+
+    logdir = str((tmp_path / "runs").resolve())
+
+    class Other(http.server.BaseHTTPRequestHandler):  # answers as a TensorBoard of the same logdir does
+        def do_GET(self):
+            body = json.dumps({"logdir": logdir}).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        port = httpd.server_address[1]
+        with pytest.raises(UserError, match=f"port {port} is in use.*leave port out"):
+            tensorboard.start(logdir, port=port)
+    finally:
+        httpd.shutdown()
+
+
+@pytest.mark.parametrize("env,message", [
+    (dict(RANK="0", WORLD_SIZE="2"), r"RANK=0 WORLD_SIZE=2 in the environment.*parallel=ddp.*unset RANK WORLD_SIZE"),
+    (dict(RANK="abc", WORLD_SIZE="2"), r"RANK='abc' in the environment is not a whole number.*unset"),
+    (dict(RANK="0", WORLD_SIZE="two"), r"WORLD_SIZE='two' in the environment is not a whole number")])
+def test_stale_launcher_variables_are_named_with_the_fix(tmp_path, monkeypatch, capsys, env, message):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError, match=message):
+        engine.train(tiny(tmp_path / "run", steps=2))
+    assert message.split("=")[0].strip("(") in one_line_error(["train", *tiny(tmp_path / "run", steps=2).to_overrides()],
+                                                           capsys)
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "imagefolder"])
+def test_a_data_dir_that_is_a_file_says_so(tmp_path, dataset):
+    (tmp_path / "data").write_text("not a folder")
+    with pytest.raises(DataNotFound, match=r"data_dir=.* is a file, not a folder") as e:
+        engine.train(tiny(tmp_path / "run", dataset=dataset, data_dir=str(tmp_path / "data")))
+    assert "fetch" not in str(e.value)
+
+
+STALL_RANKS = """
+import os, time
+if "LOCAL_RANK" in os.environ:  # a rank started by torchrun (not torchrun itself): it stalls, using no CPU
+    time.sleep(60)
+"""
+
+
+def test_launch_returns_at_its_timeout_and_stops_the_ranks(tmp_path):
+    """tl.launch read the ranks' output to its end before it applied the timeout: a stalled rank held the cell
+    (for the 60 s its rank sleeps here). Now the timeout counts from the start, and the ranks are stopped."""
+    (tmp_path / "stall").mkdir()
+    (tmp_path / "stall" / "sitecustomize.py").write_text(STALL_RANKS)
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match="torchrun did not finish within timeout=5 s: its processes were stopped"):
+        engine.launch(tiny(tmp_path / "run"), nproc=2, timeout=5,
+                      extra_env={"PYTHONPATH": f"{tmp_path / 'stall'}:{ROOT}"})
+    assert time.monotonic() - t0 < 40, "the timeout was not applied while the ranks ran"
+    assert not subprocess.run(["pgrep", "-f", f"out_dir={tmp_path}/run"], capture_output=True).stdout
+
+
+@pytest.mark.parametrize("nproc", [0, -1, 1.5, True, "2"])
+def test_launch_refuses_a_bad_nproc(tmp_path, nproc):
+    with pytest.raises(UserError, match=f"nproc={nproc!r} must be a positive whole number"):
+        engine.launch(tiny(tmp_path / "run"), nproc=nproc)
+
+
 # ================================================================ tracebacks that should be one line
 def _checkpoint_damage(finished_run, how, path):
     good = (Path(finished_run.out_dir) / "checkpoint.pt").read_bytes()

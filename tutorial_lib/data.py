@@ -137,6 +137,9 @@ def base_dataset(cfg: TrainConfig, split: str):
     if cfg.dataset in ("shapes", "shapes_hard"):
         n = (cfg.train_size or 50_000) if split == "train" else (cfg.val_size or 10_000)
         return ArrayImages(*cached_shapes(n, seed=2 * cfg.seed + (split == "val"), hard=cfg.dataset == "shapes_hard"))
+    if Path(cfg.data_dir).exists() and not Path(cfg.data_dir).is_dir():  # not "stage the data into it"
+        raise DataNotFound(f"data_dir={cfg.data_dir!r} is a file, not a folder; give the folder that holds the "
+                           "staged datasets (the workbook's is data)")
     if cfg.dataset == "imagefolder":
         from .imagefolder import imagefolder_dataset  # added by the data-loading lesson
 

@@ -12,6 +12,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,7 @@ class DistEnv:
     device: torch.device = torch.device("cpu")
     backend: str | None = None
     timeout_s: int = 300
+    source: str = ""  # the launcher's variables this was read from, e.g. "RANK=0 WORLD_SIZE=2"
 
     @property
     def is_main(self) -> bool:
@@ -40,11 +42,37 @@ class DistEnv:
 def read_env(environ=os.environ) -> DistEnv:
     """Rank, local rank and world size from torchrun (RANK, ...) or an srun task (SLURM_PROCID, ...)."""
     if "RANK" in environ and "WORLD_SIZE" in environ:
-        return DistEnv(int(environ["RANK"]), int(environ.get("LOCAL_RANK", 0)), int(environ["WORLD_SIZE"]), True)
-    if "SLURM_STEP_ID" in environ and int(environ.get("SLURM_NTASKS", 1)) > 1 and "MASTER_ADDR" in environ:
-        return DistEnv(int(environ["SLURM_PROCID"]), int(environ.get("SLURM_LOCALID", 0)),
-                       int(environ["SLURM_NTASKS"]), True)
+        rank, local, world = (_env_int(environ, k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+        return DistEnv(rank, local, world, True, source=f"RANK={rank} WORLD_SIZE={world}")
+    if "SLURM_STEP_ID" in environ and _env_int(environ, "SLURM_NTASKS", 1) > 1 and "MASTER_ADDR" in environ:
+        rank, local, world = (_env_int(environ, k) for k in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"))
+        return DistEnv(rank, local, world, True, source=f"SLURM_PROCID={rank} SLURM_NTASKS={world}")
     return DistEnv()
+
+
+def _env_int(environ, name: str, default: int = 0) -> int:
+    """A launcher's number from the environment, or a one-line error naming the variable."""
+    text = environ.get(name)
+    if text is None:
+        return default
+    if not text.strip().isdigit():
+        from .config import ConfigError
+
+        raise ConfigError(f"{name}={text!r} in the environment is not a whole number: torchrun and srun set it "
+                          f"for the processes they start; if it is left over from an earlier shell, unset {name}")
+    return int(text)
+
+
+def check_launch(parallel: str, env: DistEnv) -> None:
+    """Several processes by the launcher's variables but parallel is not ddp: started by a launcher, or variables
+    left over in the shell (exported by hand, or by an earlier session) that say so wrongly."""
+    if env.launched and env.world_size > 1 and parallel != "ddp":
+        from .config import ConfigError
+
+        names = " ".join(word.split("=")[0] for word in env.source.split())
+        raise ConfigError(f"{env.source} in the environment say this is one of {env.world_size} processes started "
+                          f"together (by torchrun or srun), but parallel={parallel!r}: if a launcher started them, "
+                          f"add parallel=ddp; if not, they are left over from an earlier shell: unset {names}")
 
 
 def pick_device(requested: str, local_rank: int = 0) -> torch.device:
@@ -92,6 +120,82 @@ def setup(parallel: str, device: str = "auto", timeout_s: int = 300) -> DistEnv:
 def teardown(env: DistEnv) -> None:
     if env.distributed and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def stream_until(proc, timeout: float | None) -> tuple[list[str], bool]:
+    """Print `proc`'s output as it comes, until it ends or `timeout` seconds have passed; then (also when the
+    cell is interrupted) stop it with stop_processes. Its lines, and whether the timeout stopped it."""
+    import queue
+    import threading
+
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)], daemon=True).start()
+    deadline, said = None if timeout is None else time.monotonic() + timeout, []
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except queue.Empty:  # the timeout
+                stop_processes(proc)
+                return said, True
+            if line is None:
+                proc.wait()
+                return said, False
+            said.append(line)
+            print(line, end="", flush=True)
+    except BaseException:  # KeyboardInterrupt: the cell was interrupted
+        stop_processes(proc)
+        raise
+
+
+def stop_processes(proc, grace_s: float = 45) -> None:
+    """Stop a torchrun started in a session of its own, as Slurm stops a job: SIGTERM to it (it passes it on to
+    its ranks, which checkpoint and exit; it kills them after 30 s), then SIGKILL to whatever is left of it and
+    every process below it after `grace_s` (those that are still the processes they were: same start time)."""
+    import signal
+    import subprocess
+
+    below = {pid: _started(pid) for pid in _descendants(proc.pid)}
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(grace_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    below.update({pid: _started(pid) for pid in _descendants(proc.pid)})
+    for pid, started in below.items():
+        if started is not None and _started(pid) == started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def _started(pid: int) -> str | None:
+    """The start time of process `pid` (a PID reused by another process has another), or None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (torchrun's ranks live in sessions of their own), read from /proc."""
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+    found, todo = [], [pid]
+    while todo:
+        below = todo.pop()
+        children = [child for child, ppid in parent.items() if ppid == below]
+        found += children
+        todo += children
+    return found
 
 
 # a rank's own last words, which torchrun's summary of the failure (the last lines it prints) leaves out

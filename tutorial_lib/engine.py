@@ -532,6 +532,13 @@ class Run:
         write_checkpoint(state, self.out / "checkpoint.pt")
         self.saved_step = self.step
 
+    def check_length(self, path, step: int) -> None:
+        """A checkpoint past the end of this run would be reported as a run of its steps under a config of fewer."""
+        if step > self.total_steps:
+            length = f"steps={self.cfg.steps}" if self.cfg.steps else f"epochs={self.cfg.epochs} ({self.total_steps} steps)"
+            raise ConfigError(f"{path} holds a run at step {step}, past {length}: a run can't be shortened; give "
+                              f"steps >= {step} to keep it, or resume=false to train {self.total_steps} steps afresh")
+
     def clocks(self) -> dict:
         """The clocks a checkpoint carries: val_history's training seconds, and the wall time of the run so far."""
         now = self.synced_time()
@@ -557,6 +564,7 @@ class Run:
         if differ:
             raise ConfigError(f"{path} holds a run with {'; '.join(differ)}: resuming would mix two runs; use "
                               "the checkpoint's values, another out_dir, or resume=false to start afresh")
+        self.check_length(path, state["step"])
         self.raw_model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
@@ -581,6 +589,7 @@ def prepared_run(cfg: TrainConfig):
         env = distributed.setup(cfg.parallel, cfg.device, cfg.dist_timeout_s)
         try:
             with backend_flags():
+                distributed.check_launch(cfg.parallel, env)
                 cfg.check_runtime(env.device.type, env.world_size, env.launched)
                 run = Run(cfg, env)
                 early.hand_over(run)
@@ -608,20 +617,24 @@ def launch(cfg: TrainConfig, nproc: int, extra_env: dict | None = None, timeout:
     rank instead (`args`: its options, e.g. ("--steps", "40")) and returns None: read <out_dir>/bench.json.
 
     Functions defined in a notebook can't be spawned, so the processes run the package's CLI
-    (`-m tutorial_lib train`) with the config as key=value overrides."""
+    (`-m tutorial_lib train`) with the config as key=value overrides. `timeout` (seconds, from the start): the
+    processes are stopped then (as scancel stops a job: a training rank checkpoints) and the error says so;
+    interrupting the cell stops them the same way."""
+    if not (isinstance(nproc, int) and not isinstance(nproc, bool) and nproc > 0):
+        raise UserError(f"nproc={nproc!r} must be a positive whole number: the processes to start, e.g. nproc=2")
     cfg = cfg.replace(parallel="ddp", progress=False)  # a progress bar can't stream through a pipe
     words = ["--standalone", f"--nproc_per_node={nproc}", "-m", "tutorial_lib", command, *args, *cfg.to_overrides()]
     print("$ torchrun " + " ".join(words), flush=True)
     threads = max(1, usable_cpus() // nproc)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), **(extra_env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *words], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
-    lines = []
-    with proc.stdout:
-        for line in proc.stdout:
-            lines.append(line)
-            print(line, end="", flush=True)
-    if proc.wait(timeout) != 0:
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    lines, timed_out = distributed.stream_until(proc, timeout)
+    if timed_out:
+        raise UserError(f"torchrun did not finish within timeout={timeout} s: its processes were stopped (a rank "
+                        f"that was training wrote a checkpoint in {cfg.out_dir}: launch the same config again to "
+                        "continue); what they said:\n" + distributed.failure_lines(lines))
+    if proc.returncode != 0:
         raise UserError(f"torchrun exited with code {proc.returncode}; what its processes said:\n"
                         + distributed.failure_lines(lines))
     return load_result(cfg.out_dir) if command == "train" else None

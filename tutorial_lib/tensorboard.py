@@ -136,6 +136,19 @@ def _after(words: list[str], flag: str) -> str | None:
     return words[words.index(flag) + 1] if flag in words[:-1] else None
 
 
+def _check_port_free(port: int) -> None:
+    """A port given to start() must be free: a TensorBoard started on a port in use fails, while whatever holds
+    the port keeps answering (another TensorBoard of the same logdir answers as this one would)."""
+    if not (isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536):
+        raise UserError(f"port={port!r} is not a port number (1-65535); leave port out for a free one")
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise UserError(f"port {port} is in use on 127.0.0.1 (by another TensorBoard or another program); leave "
+                            "port out for a free one, or tl.tensorboard.running() lists the workbook's") from None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -171,6 +184,8 @@ def start(logdir: str | os.PathLike = "runs", port: int | None = None, timeout: 
     for tb in running():
         if tb.logdir == logdir:
             return tb
+    if port is not None:
+        _check_port_free(port)
     log = _open_log(Path(logdir))
     port = port or _free_port()
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1",
@@ -179,7 +194,7 @@ def start(logdir: str | os.PathLike = "runs", port: int | None = None, timeout: 
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     tb = TensorBoard(proc.pid, port, logdir)
     deadline = time.time() + timeout
-    while not tb.alive():
+    while proc.poll() is not None or not tb.alive():  # alive: the port answers for logdir, maybe not this one
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
             full = disk_problem(Path(logdir))
