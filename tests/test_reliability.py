@@ -826,3 +826,72 @@ def test_a_job_never_writes_its_own_files_through_a_link_planted_in_out_dir(tmp_
     p = subprocess.run(["bash", str(path)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
     assert p.returncode == 2 and f"error: {out}/{name} is a link" in p.stderr, p.stdout + p.stderr
     assert victim.read_text() == "precious"
+
+
+# ---------------------------------------------------------------- job files that render, then fail
+def _render_cli(tmp_path, *argv) -> str:
+    assert main(["jobs", "render", "--name", "t_render", "--jobs-dir", str(tmp_path), *argv]) == 0
+    return (tmp_path / "t_render.sbatch").read_text()
+
+
+@pytest.mark.parametrize("sweep,line", [("num_workers=0, 2", "workers=2; program+=(num_workers=2)"),
+                                        ("lr= 1e-3 ,0.002", "program+=(lr=0.001)"),
+                                        ("eval=yes,no", "program+=(eval=false)")])
+def test_a_swept_value_is_written_as_the_config_reads_it(tmp_path, capsys, sweep, line):
+    """`--sweep 'num_workers=0, 2'` wrote `workers= 2;`, and task 1 died with `2: command not found`."""
+    text = _render_cli(tmp_path, "--sweep", sweep, "steps=2")
+    assert line in text, text
+    assert subprocess.run(["bash", "-n", str(tmp_path / "t_render.sbatch")]).returncode == 0
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(cfg=TrainConfig(global_batch_size=7, parallel="ddp"), gpus_per_node=2),
+     "global_batch_size=7 is not divisible by the world size 2"),
+    (dict(cfg=TrainConfig(parallel="ddp"), gpus_per_node=2, sweep={"global_batch_size": [8, 7]}),
+     "global_batch_size=7 is not divisible by the world size 2"),
+    (dict(command="python a.py\npython b.py"), "command holds 2 lines"),
+    (dict(command="python a.py\r\npython b.py"), "command holds 2 lines"),
+    (dict(cfg=TrainConfig(), time="\u0661:\u0660\u0660:\u0660\u0660"), "is not a Slurm time"),
+    (dict(cfg=TrainConfig(), time="\uff11\uff10"), "is not a Slurm time")])
+def test_what_would_fail_in_the_job_fails_at_render_time(tmp_path, kw, message):
+    with pytest.raises(UserError, match=message) as e:
+        jobs.write("t_render", **kw, jobs_dir=tmp_path, show=False)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "t_render.sbatch").exists()
+
+
+@pytest.mark.parametrize("key,value", [("setup", ["module load cuda", "source venv/bin/activate"]), ("setup", 42),
+                                       ("setup", {"module": "cuda"}), ("launcher", 7)])
+def test_a_site_profiles_shell_text_must_be_text(tmp_path, key, value):
+    """A setup given as a list or a number was pasted into the job file as Python's repr of it."""
+    import yaml
+
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump({**yaml.safe_load(GENERIC), key: value}))
+    with pytest.raises(UserError, match=f"{key}=.* must be text"):
+        jobs.render("t_render", TrainConfig(), site=str(tmp_path / "mine.yaml"))
+
+
+@pytest.mark.parametrize("how", ["WORKBOOK_SITE", "--site"])
+def test_a_site_profile_whose_name_holds_a_newline_is_refused_however_it_is_named(tmp_path, monkeypatch, capsys, how):
+    """A profile named by $WORKBOOK_SITE skipped the check --site had: the rest of its name became a shell line of
+    its own in the job file."""
+    path = tmp_path / "x\ntouch pwned\n.yaml"
+    path.write_text(GENERIC)
+    if how == "WORKBOOK_SITE":
+        monkeypatch.setenv("WORKBOOK_SITE", str(path))
+        argv = []
+    else:
+        argv = ["--site", str(path)]
+    err = one_line_error(["jobs", "render", "--name", "t_render", "--jobs-dir", str(tmp_path), *argv, "steps=2"],
+                         capsys)
+    assert "control character" in err
+    assert not (tmp_path / "t_render.sbatch").exists()
+
+
+def test_a_job_rendered_with_workbook_site_naming_a_file_renders_again(tmp_path, monkeypatch):
+    (tmp_path / "own.yaml").write_text(GENERIC)
+    monkeypatch.setenv("WORKBOOK_SITE", str(tmp_path / "own.yaml"))
+    path = jobs.write("t_render", TrainConfig(steps=2), jobs_dir=tmp_path, show=False)
+    assert jobs.render_record(path)["site"] == str(tmp_path / "own.yaml")
+    monkeypatch.delenv("WORKBOOK_SITE")
+    assert jobs.rerender(path) == path.read_text()

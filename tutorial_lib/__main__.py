@@ -236,7 +236,7 @@ def _sweep_from_cli(grid: list[str], points: list[list[str]]) -> dict | list | N
             key, sep, vals = item.partition("=")
             if not sep or not vals:
                 raise UserError(f"--sweep {item!r} is not KEY=V1,V2 (e.g. --sweep batch_size=64,128)")
-            sweep[key] = vals.split(",")
+            sweep[key.strip()] = [v.strip() for v in vals.split(",")]  # `--sweep 'num_workers=0, 2'`
         return sweep
     out = []
     for words in points:

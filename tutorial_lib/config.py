@@ -71,6 +71,13 @@ def suggest(word: str, known) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def check_global_batch(global_batch_size: int | None, world_size: int) -> None:
+    """global_batch_size splits evenly over the processes: for a run (engine) and a job (jobs)."""
+    if global_batch_size is not None and global_batch_size % world_size:
+        raise ConfigError(f"global_batch_size={global_batch_size} is not divisible by the world size {world_size}; "
+                          f"choose a multiple of {world_size} (batch_size is per device)")
+
+
 def check_world(parallel: str, world_size: int) -> None:
     """The one rule tying parallel= to the number of processes, for a run (engine) and a job (jobs)."""
     if world_size > 1 and parallel != "ddp":
@@ -240,9 +247,7 @@ class TrainConfig:
                               "`torchrun --nproc_per_node=N -m tutorial_lib train ...` from a shell")
         if launched and world_size > 1:
             check_world(self.parallel, world_size)
-        if self.global_batch_size is not None and self.global_batch_size % world_size:
-            raise ConfigError(f"global_batch_size={self.global_batch_size} is not divisible by the world size "
-                              f"{world_size}; choose a multiple of {world_size} (batch_size is per device)")
+        check_global_batch(self.global_batch_size, world_size)
         if self.sync_batchnorm and (self.parallel != "ddp" or device_type != "cuda"):
             raise ConfigError(f"sync_batchnorm=true needs parallel=ddp on CUDA GPUs (this run: parallel="
                               f"{self.parallel!r} on {device_type}); SyncBatchNorm has no CPU kernel: use "

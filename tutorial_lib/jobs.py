@@ -24,10 +24,11 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .config import ROOT, ConfigError, TrainConfig, UserError, check_one_line, check_world, format_value, load, suggest
+from .config import (ROOT, ConfigError, TrainConfig, UserError, check_global_batch, check_one_line, check_world,
+                     format_value, load, suggest)
 from .results import result_line  # noqa: F401  (tl.jobs.result_line: notebooks 01, 03)
-from .sites import (ARRAY_RE, PATH_RE, Site, check_name, check_pattern, check_slurm_words, directives, load_site,
-                    time_seconds)
+from .sites import (ARRAY_RE, PATH_RE, Site, check_name, check_pattern, check_slurm_words, default_site, directives,
+                    load_site, time_seconds)
 from .slurm import Job, NoSlurm
 from .slurm import available as slurm_available  # noqa: F401  (tl.jobs.slurm_available(): notebooks 01-03)
 from .slurm import submit as sbatch
@@ -174,6 +175,7 @@ class Program:
 
 def _training(cfg: TrainConfig, name: str, world_size: int) -> Program:
     check_world(cfg.parallel, world_size)
+    check_global_batch(cfg.global_batch_size, world_size)  # what the job would find at its start: found now
     default = TrainConfig()
     if cfg.out_dir == default.out_dir:
         cfg = cfg.replace(out_dir=f"runs/{name}")  # each job its own folder
@@ -191,6 +193,10 @@ def _training(cfg: TrainConfig, name: str, world_size: int) -> Program:
 
 
 def _command(command: str | list[str]) -> Program:
+    lines = command.strip().splitlines() if isinstance(command, str) else []
+    if len(lines) > 1:  # shlex.split reads a newline as a space: two commands would silently become one
+        raise UserError(f"command holds {len(lines)} lines ({lines[0]!r}, ...): a job runs one command; join them "
+                        "with && or put them in a script and run that")
     argv = shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
     if not argv:
         raise UserError("command is empty; give the program and its arguments, e.g. command='python train.py'")
@@ -219,6 +225,21 @@ def sweep_points(sweep: dict[str, list] | list[dict] | None) -> list[dict[str, s
     if len(points) > 1000:
         raise UserError(f"the sweep has {len(points)} points; a job array of at most 1000 tasks, please")
     return points
+
+
+def _as_read(cfg: TrainConfig, points: list[dict[str, str]], world_size: int) -> list[dict[str, str]]:
+    """Each point's values as the config reads them (` 2` is 2, `1e-3` is 0.001, `yes` is true), so that what
+    the job file says is what runs; a point the run would refuse (at its start, on `world_size` processes) is
+    refused now."""
+    out = []
+    for point in points:
+        try:
+            read = load(None, [*cfg.to_overrides(), *(f"{k}={v}" for k, v in point.items())])
+            check_global_batch(read.global_batch_size, world_size)
+        except ConfigError as e:
+            raise UserError(f"sweep point {point}: {e}") from None
+        out.append({k: format_value(getattr(read, k)) for k in point})
+    return out
 
 
 def _sweep_words(cfg: TrainConfig, points: list[dict[str, str]], base_out: str) -> list[dict]:
@@ -256,6 +277,8 @@ def render(name: str, cfg: TrainConfig | None = None, *, site: str | None = None
     profile = load_site(site)
     r = resolve(resources(**resource_values), profile, one_process=cfg is not None and cfg.parallel == "dp")
     points = sweep_points(sweep)
+    if points and cfg is not None:
+        points = _as_read(cfg, points, r.nodes * procs_per_node(r))
     if points and r.array is not None:
         raise UserError(f"array={r.array!r} and a sweep both set the array; leave array out (the sweep sets it)")
     world = r.nodes * procs_per_node(r)
@@ -266,8 +289,9 @@ def render(name: str, cfg: TrainConfig | None = None, *, site: str | None = None
         raise UserError("line_profile profiles the training (-m tutorial_lib train); for a command of your own, "
                         "put kernprof -l in the command itself")
     context = _context(name, profile, r, program, points, cfg, description)
-    own_file = site is not None and str(site).endswith((".yaml", ".yml"))  # a profile outside tutorial_lib/sites
-    record = {"name": name, "site": str(site) if own_file else profile.name, "description": description,
+    named = str(site if site is not None else default_site())
+    own_file = named.endswith((".yaml", ".yml"))  # a profile outside tutorial_lib/sites (also by $WORKBOOK_SITE)
+    record = {"name": name, "site": named if own_file else profile.name, "description": description,
               "resources": resources_record(resource_values),
               "overrides": program.overrides if program.training else None,
               "command": None if program.training else program.overrides, "sweep": points or None}

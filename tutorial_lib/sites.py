@@ -34,7 +34,7 @@ CONSTRAINT_RE = re.compile(r"[A-Za-z0-9_.&|,*\[\]()-]+")  # Slurm's feature synt
 PATH_RE = re.compile(r"[A-Za-z0-9_./%-]+")
 MEM_RE = re.compile(r"[0-9]+[KMGT]?")
 ARRAY_RE = re.compile(r"[0-9]+(-[0-9]+(:[0-9]+)?)?(,[0-9]+(-[0-9]+(:[0-9]+)?)?)*(%[0-9]+)?")
-TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+TIME_RE = re.compile(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?")  # ASCII digits: what sbatch reads
 
 
 def check_name(field_name: str, value: str) -> str:
@@ -106,6 +106,7 @@ def load_site(name: str | os.PathLike | None = None) -> Site:
     import yaml
 
     name = default_site() if name is None else name
+    check_one_line("site", str(name))  # --site, site= and $WORKBOOK_SITE alike: the name reaches the job file
     path = Path(name) if str(name).endswith((".yaml", ".yml")) else SITES_DIR / f"{name}.yaml"
     if not path.is_file():
         raise UserError(f"site {str(name)!r} has no profile ({path}); one of {', '.join(site_names())}, or the "
@@ -132,10 +133,13 @@ def load_site(name: str | os.PathLike | None = None) -> Site:
 def _check_site(site: Site, path: Path) -> Site:
     where = f"site profile {path}: "
     try:
-        for key in ("description", "shell", "launcher"):  # setup is shell lines by design
+        for key in ("description", "shell", "launcher"):
             if not isinstance(getattr(site, key), str):
                 raise UserError(f"{key}={getattr(site, key)!r} must be text (quote it)")
             check_one_line(key, getattr(site, key))
+        if not isinstance(site.setup, str):  # shell lines by design, pasted into the job as they are
+            raise UserError(f"setup={site.setup!r} must be text: write its shell lines as a YAML block "
+                            "(setup: | and the lines indented below it)")
         if site.gpu_request not in GPU_REQUESTS:
             raise UserError(f"gpu_request={site.gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
         for key in ("gpus_per_node", "cpus_per_gpu", "max_nodes"):
