@@ -778,6 +778,112 @@ def test_hidden_files_in_an_image_folder_are_skipped(small_folder, tmp_path, hid
     assert all(ds[i][0].shape == (3, 32, 32) for i in range(len(ds)))
 
 
+# ---------------------------------------------------------------- tracebacks left (after the first round)
+def test_the_ladder_takes_num_workers_auto():
+    from tutorial_lib import ladder
+
+    runs = ladder.configs(ladder.SMALL, {"num_workers": "auto"}, "cpu")  # a TypeError: "auto" * prefetch_factor
+    ahead = config.default_workers() * 2
+    assert runs[0][1].timing_warmup == ladder.SMALL.warmup + ahead
+
+
+def test_ladder_out_that_cant_be_used_fails_before_any_rung_runs(tmp_path, capsys, monkeypatch):
+    from tutorial_lib import ladder
+
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setattr(ladder, "run", lambda *a, **k: pytest.fail("a rung ran"))
+    err = one_line_error(["ladder", "--small", "--out", f"{tmp_path}/file/ladder"], capsys)
+    assert f"{tmp_path}/file/ladder" in err
+
+
+@pytest.mark.parametrize("name", ["imagefolder", "cifar10"])
+@pytest.mark.parametrize("where", ["under a file", "in /proc"])
+def test_data_fetch_into_a_folder_that_cant_be_made_is_one_line(tmp_path, capsys, name, where):
+    (tmp_path / "file").write_text("x")
+    folder = f"{tmp_path}/file/data" if where == "under a file" else "/proc/workbook-data"
+    err = one_line_error(["data", "fetch", name, "--data-dir", folder], capsys)
+    assert folder in err and "login node" not in err  # not an internet problem
+
+
+@pytest.mark.parametrize("where", ["logdir under a file", "state folder under a file"])
+def test_tensorboard_start_on_a_folder_that_cant_be_used_is_one_line(tmp_path, monkeypatch, where):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setattr(tensorboard, "STATE", (tmp_path / "file" if "state" in where else tmp_path) / "state.json")
+    logdir = tmp_path / "file" / "runs" if "logdir" in where else tmp_path / "runs"
+    with pytest.raises(UserError, match=str(tmp_path / "file")) as e:
+        tensorboard.start(logdir)  # nothing started
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "a JSON list", "empty"])
+def test_the_ledger_skips_a_damaged_result_with_a_note(finished_run, tmp_path, capsys, damage):
+    from tutorial_lib import scaling
+
+    good = (Path(finished_run.out_dir) / "result.json").read_text()
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "result.json").write_text(good)
+    (tmp_path / "b" / "result.json").write_text({"truncated": good[: len(good) // 2], "a JSON list": "[1, 2]",
+                                                 "empty": ""}[damage])
+    rows = scaling.ledger(tmp_path)
+    assert [r["run"] for r in rows] == ["a"]
+    assert f"skipped {tmp_path / 'b' / 'result.json'}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text", ["42", "[1, 2]", '"text"', json.dumps({"card": "x", "gpus": 1, "torch": "2", "date":
+                                  "d", "script": "s", "figures": [1, 2]}), "null"])
+def test_a_reference_file_of_the_wrong_shape_is_one_line(tmp_path, text):
+    from tutorial_lib import reference
+
+    (tmp_path / "bad.json").write_text(text)
+    with pytest.raises(UserError, match="reference file .*bad.json") as e:
+        reference.show("bad", folder=tmp_path)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("how", ["weights of another model", "step is text", "losses is a number",
+                                 "world_size is text"])
+def test_a_checkpoint_that_does_not_fit_the_run_is_one_line(finished_run, tmp_path, capsys, how):
+    state = torch.load(Path(finished_run.out_dir) / "checkpoint.pt", weights_only=True)
+    if how == "weights of another model":
+        from tutorial_lib import models
+        state["model"] = models.build("resnet18", 10).state_dict()
+    else:
+        key = how.split()[0]
+        state[key] = {"step": "4", "losses": 3.0, "world_size": "1"}[key]
+    out = tmp_path / "run"
+    out.mkdir()
+    torch.save(state, out / "checkpoint.pt")
+    err = one_line_error(["train", *finished_run.replace(out_dir=str(out)).to_overrides()], capsys)
+    assert str(out / "checkpoint.pt") in err and "resume=false" in err
+
+
+@pytest.mark.parametrize("damage", ["truncated", "a JSON list", "a number"])
+def test_a_damaged_result_of_a_finished_run_is_written_again_by_the_same_command(finished_run, tmp_path, capsys,
+                                                                              damage):
+    """The message said "run the training again to rewrite it", and running it again repeated the error."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(finished_run.out_dir, out)
+    good = (out / "result.json").read_text()
+    (out / "result.json").write_text({"truncated": good[:100], "a JSON list": "[1]", "a number": "7"}[damage])
+    with pytest.raises(UserError, match="run the same training command again") as e:
+        config_free_load(out)
+    assert "\n" not in str(e.value)
+    cfg = finished_run.replace(out_dir=str(out))
+    assert main(["train", *cfg.to_overrides()]) == 0
+    assert "whose result.json is damaged: writing it again" in capsys.readouterr().out
+    again = engine.load_result(out)
+    assert again.steps == 4 and again.resumed_from_step == 4 and len(again.loss) == 4  # nothing trained again
+
+
+def config_free_load(out):
+    from tutorial_lib.results import load_result
+
+    return load_result(out)
+
+
 # ================================================================ jobs that fail must say why
 @pytest.mark.parametrize("tool,kw", [("nsys", dict(nsys=True)), ("kernprof", dict(line_profile=True))])
 def test_a_job_whose_tool_is_missing_says_how_to_get_it(tmp_path, tool, kw):
@@ -895,3 +1001,35 @@ def test_a_job_rendered_with_workbook_site_naming_a_file_renders_again(tmp_path,
     assert jobs.render_record(path)["site"] == str(tmp_path / "own.yaml")
     monkeypatch.delenv("WORKBOOK_SITE")
     assert jobs.rerender(path) == path.read_text()
+
+
+# ---------------------------------------------------------------- the pre-flight check
+def test_doctor_names_a_slurm_cpus_per_task_that_is_not_a_number(monkeypatch):
+    from tutorial_lib import doctor
+
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "abc")
+    cpus = doctor.check_cpus(doctor.Context(doctor.Options()))  # was: "the check itself failed ... report it"
+    assert cpus.status == "WARN" and "SLURM_CPUS_PER_TASK='abc'" in cpus.message, cpus
+    assert "unset SLURM_CPUS_PER_TASK" in cpus.fix
+
+
+@pytest.mark.parametrize("argv", [["--timeout", "0"], ["--timeout", "-3"], ["--timeout", "nan"],
+                                  ["--shm-min-mib", "-1"], ["--min-free-gib", "-1"], ["--min-free-inodes", "-5"]])
+def test_doctor_refuses_limits_that_mean_nothing(capsys, argv):
+    """--timeout 0 was accepted, and every command then 'timed out', blaming the kernel and the proxy."""
+    err = one_line_error(["doctor", *argv], capsys)
+    assert f"{argv[0]}={argv[1]}" in err
+
+
+@pytest.mark.parametrize("folder,says", [("/proc/workbook-data", "not on a disk"),
+                                         ("FILE/data", "can't be created")])
+def test_doctor_on_a_data_dir_that_cant_hold_data_says_so(tmp_path, folder, says):
+    from tutorial_lib import doctor
+
+    (tmp_path / "file").write_text("x")
+    folder = folder.replace("FILE", str(tmp_path / "file"))
+    ctx = doctor.Context(doctor.Options(data_dir=folder))
+    disk, datasets = doctor.check_disk(ctx), doctor.check_datasets(ctx)
+    assert datasets.status == "FAIL" and "writable" not in datasets.message and says in datasets.message, datasets
+    if says == "not on a disk":
+        assert disk.status == "FAIL" and "not on a disk" in disk.message and "0.0 GiB" not in disk.message, disk

@@ -107,6 +107,9 @@ def ladder(argv: list[str]) -> int:
     sizes = ladder_module.SMALL if args.small else ladder_module.GPU
     if args.roofline:
         return roofline(ladder_module, sizes, given, args.reference)
+    from .results import make_folder
+
+    make_folder(args.out, f"--out {args.out!r}", "give a folder you can write")  # before the rungs run, not after
     rows = ladder_module.run(sizes, given, args.only.split(",") if args.only else None, args.compile_on_cpu)
     trace = ladder_module.traces(sizes, given) if args.trace else {}
     json_path, md_path = ladder_module.save(rows, args.out, trace)

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from .config import UserError
-from .results import disk_problem, existing, fresh_file
+from .results import disk_problem, fresh_file, make_folder
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)  # Slurm's warning before the time limit; scancel, the limit
 CHECKPOINT_KEYS = ("step", "model", "optimizer", "scheduler", "scaler", "losses", "rng_cpu", "config", "world_size")
@@ -46,7 +46,19 @@ def read_checkpoint(path: Path, device: torch.device) -> dict:
     missing = [k for k in CHECKPOINT_KEYS if not (isinstance(state, dict) and k in state)]
     if missing:
         raise UserError(f"{path} is not a workbook checkpoint (it lacks {', '.join(missing)}); {fix}")
+    wrong = [f"{key} is {state[key]!r}" for key, ok in _SHAPES.items() if not ok(state[key])]
+    if wrong:
+        raise UserError(f"{path} is not a workbook checkpoint ({wrong[0][:80]}); {fix}")
     return state
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+_SHAPES = {"step": _count, "world_size": lambda v: _count(v) and v > 0, "losses": lambda v: isinstance(v, list),
+           "config": lambda v: isinstance(v, dict), "model": lambda v: isinstance(v, dict),
+           "optimizer": lambda v: isinstance(v, dict)}  # what resuming reads as numbers, lists and mappings
 
 
 def _write_error(path: Path, tmp: Path | None, e: Exception) -> str:
@@ -62,14 +74,7 @@ def _write_error(path: Path, tmp: Path | None, e: Exception) -> str:
 
 def make_out_dir(out: Path) -> None:
     """Create out_dir, or a one-line error saying why it can't be used."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        if not os.access(out, os.W_OK | os.X_OK):
-            raise PermissionError(errno.EACCES, "permission denied")
-    except OSError as e:
-        why = disk_problem(existing(out), e) or e.strerror or str(e)
-        raise UserError(f"out_dir={str(out)!r} can't be used ({why}); choose a folder you can write, "
-                        "e.g. out_dir=runs/<name>") from None
+    make_folder(out, f"out_dir={str(out)!r}", "choose a folder you can write, e.g. out_dir=runs/<name>")
 
 
 class OutDirLock:

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from .checkpoint import STOP_SIGNALS
 from .config import DataNotFound, TrainConfig, UserError, mp_context
+from .results import make_folder
 from .shapes import cached_shapes
 
 # name -> (channels, size, classes, mean, std)
@@ -161,6 +162,8 @@ def torchvision_dataset(name: str, data_dir: str, train: bool, download: bool = 
 def fetch(name: str, data_dir: str = "data") -> Path:
     """Stage a dataset in data_dir: download a torchvision one (on a login node with internet), or write
     the imagefolder set of PNG files from the shapes generator (offline). (Notebook 00 teaches it.)"""
+    if name in (*TORCHVISION, "imagefolder"):  # a folder that can't be made is not an internet problem
+        make_folder(data_dir, f"data_dir={str(data_dir)!r}", "give a folder you can write (--data-dir)")
     if name == "imagefolder":
         from .imagefolder import write_imagefolder
 

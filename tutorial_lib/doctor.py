@@ -14,6 +14,7 @@ the Python of the Jupyter server, so a test can inject a fault without patching 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -333,6 +334,9 @@ def check_cpus(ctx: Context) -> Check:
     usable, workers = cpus_per_task(), default_workers()
     text = (f"{usable} usable CPUs (affinity {affinity} of {os.cpu_count()} on the node, SLURM_CPUS_PER_TASK "
             f"{slurm or 'unset'}): the worker rule gives {workers} DataLoader worker(s)")
+    if slurm and not slurm.strip().isdigit():  # Slurm sets a number; this one was set by hand (and is ignored)
+        return Check("cpus", "WARN", f"{text}, but SLURM_CPUS_PER_TASK={slurm!r} is not a number (the workbook "
+                     "ignores it)", "unset SLURM_CPUS_PER_TASK, or set it to the CPUs Slurm granted (a number)")
     if slurm and int(slurm) > affinity:
         return Check("cpus", "WARN", text + f", but this process may run on only {affinity}",
                      "srun --cpus-per-task or the hub's CPU limit: give the process the CPUs Slurm granted")
@@ -364,6 +368,11 @@ def check_disk(ctx: Context) -> Check:
     for label, path in (("runs", ROOT / "runs"), ("data", Path(ctx.opts.data_dir))):
         here = _existing(Path(os.path.abspath(path)))
         st = os.statvfs(here)
+        if not st.f_blocks:  # /proc, /sys: no storage behind it, so "0.0 GiB free" says nothing true
+            status = "FAIL"
+            parts.append(f"{_shown(path)}: not on a disk ({_shown(here)} is a virtual file system)")
+            fixes.append(f"put {label} on a real file system")
+            continue
         gib, inodes = st.f_bavail * st.f_frsize / 2**30, st.f_favail
         inode_text = f"{inodes:,} inodes" if st.f_files else "no inode limit"
         parts.append(f"{_shown(path)}: {gib:,.1f} GiB, {inode_text} free")
@@ -384,7 +393,11 @@ def check_datasets(ctx: Context) -> Check:
     unreadable = [n for n, ok in found.items() if ok and not _readable(folder / MARKS[n])]
     have = [n for n, ok in found.items() if ok and n not in unreadable]
     where = f"{_shown(folder)}" + (" (a link to a shared folder)" if folder.is_symlink() else "")
-    mode = "read-only" if folder.is_dir() and not os.access(folder, os.W_OK) else "writable"
+    unusable = _unusable_data_dir(folder)
+    if unusable:
+        return Check("datasets", "FAIL", f"{where} {unusable}: no dataset can be staged there",
+                     "--data-dir (data_dir=) a folder on a disk you can write, or the shared copy's folder")
+    mode = ("read-only" if not os.access(folder, os.W_OK) else "writable") if folder.is_dir() else "not made yet"
     text = (f"{where} ({mode}): {', '.join(have) or 'none'} staged, shapes generated in memory; for a shared "
             "copy (site profiles name none) point data_dir, or a data -> link, at it")
     missing = [n for n in ctx.opts.need if n != "shapes" and not found.get(n)]
@@ -394,6 +407,20 @@ def check_datasets(ctx: Context) -> Check:
                      "on a login node with internet: make data (or python -m tutorial_lib data fetch "
                      + " ".join(missing or unreadable) + f" --data-dir {_shown(folder)})")
     return Check("datasets", "PASS", text)
+
+
+def _unusable_data_dir(folder: Path) -> str | None:
+    """Why `folder` can't hold datasets (a file; a folder that can't be created; no disk behind it), or None."""
+    if folder.exists() and not folder.is_dir():
+        return "is a file, not a folder"
+    here = _existing(Path(os.path.abspath(folder)))
+    if not here.is_dir():
+        return f"can't be created ({_shown(here)} is a file)"
+    if not os.statvfs(here).f_blocks:
+        return f"is not on a disk ({_shown(here)} is a virtual file system)"
+    if not folder.exists() and not os.access(here, os.W_OK):
+        return f"can't be created ({_shown(here)} is not writable)"
+    return None
 
 
 def _readable(path: Path) -> bool:
@@ -414,9 +441,23 @@ CHECKS = (check_python, check_packages, check_kernel, check_gpus, check_driver, 
           check_cpus, check_shm, check_disk, check_datasets, *SITE_CHECKS)
 
 
+def check_options(opts: Options) -> None:
+    """Limits that mean something: a timeout of 0 s made every command 'time out', blaming the kernel and the proxy."""
+    from .config import UserError
+
+    for name, low, strict in (("timeout", 0, True), ("shm_min_mib", 0, False), ("min_free_gib", 0, False),
+                              ("min_free_inodes", 0, False)):
+        value = getattr(opts, name)
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and (value > low if strict else value >= low)):
+            flag = "--" + name.replace("_", "-")
+            raise UserError(f"{flag}={value} must be a number {'>' if strict else '>='} {low} (default "
+                            f"{getattr(Options(), name)})")
+
+
 def run(options: Options | None = None, show: bool = True, **values) -> Report:
     """Every check; prints the table (show=False: don't). Options fields may be given as keywords."""
     opts = options or Options(**values)
+    check_options(opts)
     ctx = Context(opts)
     ctx.site  # a bad --site is the user's error, not a failed check  # noqa: B018
     checks = []

@@ -539,6 +539,20 @@ class Run:
             raise ConfigError(f"{path} holds a run at step {step}, past {length}: a run can't be shortened; give "
                               f"steps >= {step} to keep it, or resume=false to train {self.total_steps} steps afresh")
 
+    def restore(self, state: dict) -> None:
+        """Everything a checkpoint holds, back into this run."""
+        self.raw_model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["rng_cpu"])
+        if "rng_cuda" in state and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng_cuda"], self.device)
+        self.step, self.resumed_from = state["step"], state["step"]
+        self.loss_log.values = [float(v) for v in state["losses"]]
+        self.prior_timing = state.get("timing") or self.prior_timing
+        self.resume_clocks(state)
+
     def clocks(self) -> dict:
         """The clocks a checkpoint carries: val_history's training seconds, and the wall time of the run so far."""
         now = self.synced_time()
@@ -565,17 +579,12 @@ class Run:
             raise ConfigError(f"{path} holds a run with {'; '.join(differ)}: resuming would mix two runs; use "
                               "the checkpoint's values, another out_dir, or resume=false to start afresh")
         self.check_length(path, state["step"])
-        self.raw_model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["rng_cpu"])
-        if "rng_cuda" in state and self.device.type == "cuda":
-            torch.cuda.set_rng_state(state["rng_cuda"], self.device)
-        self.step, self.resumed_from = state["step"], state["step"]
-        self.loss_log.values = list(state["losses"])
-        self.prior_timing = state.get("timing") or self.prior_timing
-        self.resume_clocks(state)
+        try:
+            self.restore(state)
+        except (RuntimeError, ValueError, TypeError, KeyError, AttributeError) as e:  # weights of another model, ...
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            raise UserError(f"{path} does not fit this run ({first}); move it away, or give resume=false to start "
+                            "afresh (it is then overwritten)") from None
         log(self.env, f"resuming from step {self.step} of {path} (resume=false starts afresh)")
 
 

@@ -98,7 +98,7 @@ def configs(sizes: Sizes, overrides: dict | None = None, device: str = "cuda",
         cfg = start.replace(**rung.overrides)
         steps = sizes.big_steps if cfg.batch_size == sizes.big_batch else sizes.steps
         # the batches DataLoader workers load before the clock starts are left out of the timing (as the bench does)
-        ahead = 0 if cfg.loader == "gpu_resident" else cfg.num_workers * cfg.prefetch_factor
+        ahead = 0 if cfg.loader == "gpu_resident" else cfg.workers() * cfg.prefetch_factor  # workers(): auto too
         cfg = cfg.replace(steps=steps + ahead, timing_warmup=sizes.warmup + ahead, out_dir=f"{base.out_dir}/{rung.name}")
         reason = None
         if device != "cuda" and rung.cpu_note:

@@ -42,9 +42,15 @@ def load(name: str, folder: str | os.PathLike | None = None) -> dict[str, Any] |
     except ValueError as e:
         raise UserError(f"reference file {p} is not valid JSON ({e}); run its GPU script again "
                         "(the 'script' named in it, or scripts/gpu/)") from None
+    if not isinstance(record, dict):
+        raise UserError(f"reference file {p} holds a JSON {type(record).__name__}, not a record of figures; write "
+                        "it with tl.reference.write (or run its GPU script again)")
     missing = [k for k in KEYS if k not in record]
     if missing:
         raise UserError(f"reference file {p} lacks {', '.join(missing)}; write it with tl.reference.write")
+    if not isinstance(record["figures"], dict):
+        raise UserError(f"reference file {p}: its figures are a JSON {type(record['figures']).__name__}, not "
+                        "name: value pairs; write it with tl.reference.write")
     return record
 
 

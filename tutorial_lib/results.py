@@ -87,10 +87,14 @@ def load_result(out_dir: str | os.PathLike) -> Result:
         raise UserError(f"no result.json in {str(out_dir)!r}: the run did not finish (see its log)")
     try:
         values = json.loads(path.read_text())
+        if not isinstance(values, dict):
+            raise TypeError(f"it holds a JSON {type(values).__name__}, not an object")
         known = {f.name for f in fields(Result)}
         return Result(**{k: v for k, v in values.items() if k in known})
-    except (ValueError, TypeError) as e:
-        raise UserError(f"{path} is not a workbook result ({e}); run the training again to rewrite it") from None
+    except (ValueError, TypeError, OSError) as e:
+        first = (str(e).splitlines() or [type(e).__name__])[0][:160]
+        raise UserError(f"{path} is not a workbook result ({first}); run the same training command again: it "
+                        "writes it again (from its checkpoint when the run kept one, else by training)") from None
 
 
 def result_line(res: dict) -> str:
@@ -152,6 +156,20 @@ def write_problem(path: Path, e: OSError) -> str:
     if problem:
         return f"{problem} while writing {path.name}; free space, or write somewhere else"
     return f"could not write {path} ({e.strerror or e}); check that its folder exists and that you can write it"
+
+
+def make_folder(path: str | os.PathLike, name: str, fix: str) -> Path:
+    """Create the folder `path` (and its parents) where something will be written, or a one-line error: `name`
+    (e.g. "out_dir='runs/x'") can't be used, why, and `fix`. Checked before the work that fills it."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "permission denied")
+    except OSError as e:
+        why = disk_problem(existing(path), e) or e.strerror or str(e)
+        raise UserError(f"{name} can't be used ({why}); {fix}") from None
+    return path
 
 
 def existing(path: Path) -> Path:

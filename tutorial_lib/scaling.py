@@ -295,7 +295,13 @@ def ledger(folder: str | os.PathLike) -> list[dict]:
         raise UserError(f"{str(folder)!r} is not a folder; give the folder your runs wrote into (e.g. runs/06_scaling)")
     rows = []
     for path in sorted(folder.rglob("result.json")):
-        r = json.loads(path.read_text())
+        try:  # one damaged job (a truncated file) must not stop the collection of the others
+            r = json.loads(path.read_text())
+            if not isinstance(r, dict):
+                raise ValueError(f"a JSON {type(r).__name__}, not a result")
+        except (ValueError, OSError) as e:
+            print(f"skipped {path}: not a complete result.json ({str(e).splitlines()[0][:120]})")
+            continue
         r["run"] = str(path.parent.relative_to(folder))
         rows.append(r)
     return rows

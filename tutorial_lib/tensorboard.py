@@ -21,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .config import UserError
-from .results import disk_problem, existing
+from .results import atomic_write_text, disk_problem, existing, make_folder
 
 STATE = Path(os.environ.get("WORKBOOK_STATE_DIR", Path.home() / ".cache" / "tutorial_lib")) / "tensorboard.json"
 
@@ -163,8 +163,12 @@ def _records() -> list[TensorBoard]:
 
 
 def _save(records: list[TensorBoard]) -> None:
-    STATE.parent.mkdir(parents=True, exist_ok=True)
-    STATE.write_text(json.dumps([asdict(r) for r in records]))
+    fix = "set WORKBOOK_STATE_DIR to a folder you can write"
+    make_folder(STATE.parent, f"the workbook's state folder {str(STATE.parent)!r}", fix)
+    try:
+        atomic_write_text(STATE, json.dumps([asdict(r) for r in records]))
+    except UserError as e:
+        raise UserError(f"{e} ({fix})") from None
 
 
 def running() -> list[TensorBoard]:
