@@ -10,10 +10,10 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "tutorial_lib"
 LAYER = {
     "config": 0, "shapes": 0, "intervals": 0, "peaks": 0,
-    "results": 1, "checkpoint": 1,
+    "results": 1,
     "sites": 2, "slurm": 2, "meters": 3, "precision": 2, "trace_summary": 2, "reference": 2, "tensorboard": 2, "models": 2, "distributed": 2,
-    "stepgraph": 2, "buckets": 3,
-    "jobs": 3, "imagefolder": 3,
+    "stepgraph": 2, "buckets": 3, "checkpoint": 2, "history": 2, "launcher": 3, "sweeps": 3,
+    "jobs": 4, "imagefolder": 3,
     "data": 4, "profiling": 4,
     "engine": 5, "roofline": 5,
     "bench": 6, "ladder": 6, "scaling": 6, "sitecheck": 6,
@@ -21,7 +21,7 @@ LAYER = {
     "__main__": 8, "__init__": 8,
 }
 TORCH_FREE = ("config", "results", "sites", "jobs", "slurm", "trace_summary", "intervals", "reference", "shapes",
-              "peaks")
+              "peaks", "history", "sweeps")
 MODULES = sorted(p.stem for p in PKG.glob("*.py"))
 
 

@@ -84,7 +84,7 @@ def test_single_gpu_job_runs_one_process_through_srun():
 
 def test_one_node_several_gpus_uses_torchrun_standalone():
     text = render(site="generic", gpus_per_node=4)
-    assert "torchrun --standalone --nproc_per_node=4" in text
+    assert "python -m tutorial_lib.launcher --standalone --nproc_per_node=4" in text  # torchrun, stores on 127.0.0.1
     assert "cpus_per_process=$(( SLURM_CPUS_PER_TASK / 4 ))" in text
     assert "#SBATCH --cpus-per-task=32" in text  # 8 CPUs per GPU in the generic profile
 

@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -874,7 +875,7 @@ def test_a_damaged_result_of_a_finished_run_is_written_again_by_the_same_command
     cfg = finished_run.replace(out_dir=str(out))
     assert main(["train", *cfg.to_overrides()]) == 0
     assert "whose result.json is damaged: writing it again" in capsys.readouterr().out
-    again = engine.load_result(out)
+    again = config_free_load(out)
     assert again.steps == 4 and again.resumed_from_step == 4 and len(again.loss) == 4  # nothing trained again
 
 
@@ -1033,3 +1034,44 @@ def test_doctor_on_a_data_dir_that_cant_hold_data_says_so(tmp_path, folder, says
     assert datasets.status == "FAIL" and "writable" not in datasets.message and says in datasets.message, datasets
     if says == "not on a disk":
         assert disk.status == "FAIL" and "not on a disk" in disk.message and "0.0 GiB" not in disk.message, disk
+
+
+# ---------------------------------------------------------------- what listens where
+def _listening(pid: int) -> list[str]:
+    """The addresses process `pid` listens on (ss -ltnp)."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    return [line.split()[3] for line in out.splitlines() if f"pid={pid}," in line]
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to list listening sockets")
+def test_a_run_on_one_node_keeps_torchruns_stores_on_the_loopback_address(tmp_path, monkeypatch):
+    """torchrun --standalone (PyTorch's own behaviour) serves its rendezvous store and the store its ranks share on
+    every interface; `python -m tutorial_lib.launcher`, which tl.launch and the rendered one-node jobs run, binds them
+    to 127.0.0.1."""
+    from tutorial_lib import launcher
+
+    p = subprocess.Popen([sys.executable, "-m", "tutorial_lib.launcher", "--standalone", "--nproc_per_node=2", "-m",
+                          "tutorial_lib", "train", *tiny(tmp_path / "run", steps=400, parallel="ddp", log_every=1,
+                                                          eval=False).to_overrides()],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        said = []
+        for line in p.stdout:
+            said.append(line)
+            if line.startswith("step 2/"):
+                break
+        addresses = _listening(p.pid)
+        assert len(addresses) >= 2 and all(a.startswith("127.0.0.1:") for a in addresses), (addresses, said[-20:])
+    finally:
+        launcher.stop_processes(p, grace_s=10)
+    started = []
+    popen = subprocess.Popen
+    monkeypatch.setattr(launcher.subprocess, "Popen", lambda argv, **kw: started.append(argv) or popen(argv, **kw))
+    with pytest.raises(UserError):  # a run that fails at once: only its command line is looked at here
+        launcher.launch(tiny(tmp_path / "bad", precision="fp16"), nproc=2)  # fp16 on a CPU: every rank refuses
+    assert started[0][1:4] == ["-m", "tutorial_lib.launcher", "--standalone"]
+    one_node = jobs.render("t_ddp", TrainConfig(parallel="ddp"), gpus_per_node=2)
+    assert "python -m tutorial_lib.launcher --standalone --nproc_per_node=2" in one_node
+    two_nodes = jobs.render("t_ddp", TrainConfig(parallel="ddp"), nodes=2, gpus_per_node=2)
+    assert "torchrun --nnodes" in two_nodes  # across nodes the stores must be reachable from the other nodes

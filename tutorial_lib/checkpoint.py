@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .config import UserError
+from .config import ConfigError, UserError
 from .results import disk_problem, fresh_file, make_folder
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)  # Slurm's warning before the time limit; scancel, the limit
@@ -59,6 +59,14 @@ def _count(value) -> bool:
 _SHAPES = {"step": _count, "world_size": lambda v: _count(v) and v > 0, "losses": lambda v: isinstance(v, list),
            "config": lambda v: isinstance(v, dict), "model": lambda v: isinstance(v, dict),
            "optimizer": lambda v: isinstance(v, dict)}  # what resuming reads as numbers, lists and mappings
+
+
+def check_length(path: Path, step: int, cfg, total_steps: int) -> None:
+    """A checkpoint past the end of the run `cfg` would be reported as a run of its steps under a config of fewer."""
+    if step > total_steps:
+        length = f"steps={cfg.steps}" if cfg.steps else f"epochs={cfg.epochs} ({total_steps} steps)"
+        raise ConfigError(f"{path} holds a run at step {step}, past {length}: a run can't be shortened; give "
+                          f"steps >= {step} to keep it, or resume=false to train {total_steps} steps afresh")
 
 
 def _write_error(path: Path, tmp: Path | None, e: Exception) -> str:

@@ -71,13 +71,6 @@ def suggest(word: str, known) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def check_global_batch(global_batch_size: int | None, world_size: int) -> None:
-    """global_batch_size splits evenly over the processes: for a run (engine) and a job (jobs)."""
-    if global_batch_size is not None and global_batch_size % world_size:
-        raise ConfigError(f"global_batch_size={global_batch_size} is not divisible by the world size {world_size}; "
-                          f"choose a multiple of {world_size} (batch_size is per device)")
-
-
 def check_world(parallel: str, world_size: int) -> None:
     """The one rule tying parallel= to the number of processes, for a run (engine) and a job (jobs)."""
     if world_size > 1 and parallel != "ddp":
@@ -211,10 +204,8 @@ class TrainConfig:
             raise ConfigError(f"target_accuracy={self.target_accuracy!r} needs a fraction in (0, 1] and "
                               f"eval_every > 0 (now {self.eval_every}), e.g. target_accuracy=0.9 eval_every=50")
         if self.patience and not self.eval_every:
-            raise ConfigError(f"patience={self.patience} needs eval_every > 0: it counts validation passes, e.g. "
-                              f"patience=3 eval_every=50")
-        if self.steps is not None:
-            self.check_eval_every(self.steps)
+            raise ConfigError(f"patience={self.patience} needs eval_every > 0 (it counts validation passes), e.g. "
+                              "patience=3 eval_every=50")
         if not self.lr > 0:
             raise ConfigError(f"lr={self.lr!r} must be > 0 (e.g. lr=0.1 for SGD, lr=1e-3 for AdamW)")
         if not self.weight_decay >= 0:
@@ -247,21 +238,15 @@ class TrainConfig:
                               "`torchrun --nproc_per_node=N -m tutorial_lib train ...` from a shell")
         if launched and world_size > 1:
             check_world(self.parallel, world_size)
-        check_global_batch(self.global_batch_size, world_size)
+        if self.global_batch_size is not None and self.global_batch_size % world_size:
+            raise ConfigError(f"global_batch_size={self.global_batch_size} is not divisible by the world size "
+                              f"{world_size}; choose a multiple of {world_size} (batch_size is per device)")
         if self.sync_batchnorm and (self.parallel != "ddp" or device_type != "cuda"):
             raise ConfigError(f"sync_batchnorm=true needs parallel=ddp on CUDA GPUs (this run: parallel="
                               f"{self.parallel!r} on {device_type}); SyncBatchNorm has no CPU kernel: use "
                               "sync_batchnorm=false")
         if self.compile and self.parallel == "dp":
             raise ConfigError("compile=true with parallel='dp' is not supported; use parallel=ddp to compile")
-
-    def check_eval_every(self, total_steps: int) -> None:
-        """target_accuracy and patience act at the validation passes: at least one must fall within the run."""
-        stop = "target_accuracy" if self.target_accuracy is not None else "patience" if self.patience else None
-        if stop and self.eval_every > total_steps:
-            raise ConfigError(f"{stop}={getattr(self, stop)} with eval_every={self.eval_every}: the run has "
-                              f"{total_steps} steps, so no validation pass within the run could stop it; use "
-                              f"eval_every <= {total_steps}")
 
     def check_cuda_graph(self) -> None:
         """What a whole-step CUDA graph can't hold (tutorial_lib.stepgraph says why)."""

@@ -1,6 +1,6 @@
 """One description of where this process runs (DistEnv), read from torchrun's or Slurm's variables,
 process-group set-up and teardown, and the few collectives the engine needs. (Starting processes:
-`engine.launch`.)"""
+`launcher.py`.)"""
 from __future__ import annotations
 
 import ctypes
@@ -12,7 +12,6 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -120,82 +119,6 @@ def setup(parallel: str, device: str = "auto", timeout_s: int = 300) -> DistEnv:
 def teardown(env: DistEnv) -> None:
     if env.distributed and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def stream_until(proc, timeout: float | None) -> tuple[list[str], bool]:
-    """Print `proc`'s output as it comes, until it ends or `timeout` seconds have passed; then (also when the
-    cell is interrupted) stop it with stop_processes. Its lines, and whether the timeout stopped it."""
-    import queue
-    import threading
-
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)], daemon=True).start()
-    deadline, said = None if timeout is None else time.monotonic() + timeout, []
-    try:
-        while True:
-            try:
-                line = lines.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-            except queue.Empty:  # the timeout
-                stop_processes(proc)
-                return said, True
-            if line is None:
-                proc.wait()
-                return said, False
-            said.append(line)
-            print(line, end="", flush=True)
-    except BaseException:  # KeyboardInterrupt: the cell was interrupted
-        stop_processes(proc)
-        raise
-
-
-def stop_processes(proc, grace_s: float = 45) -> None:
-    """Stop a torchrun started in a session of its own, as Slurm stops a job: SIGTERM to it (it passes it on to
-    its ranks, which checkpoint and exit; it kills them after 30 s), then SIGKILL to whatever is left of it and
-    every process below it after `grace_s` (those that are still the processes they were: same start time)."""
-    import signal
-    import subprocess
-
-    below = {pid: _started(pid) for pid in _descendants(proc.pid)}
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(grace_s)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
-    below.update({pid: _started(pid) for pid in _descendants(proc.pid)})
-    for pid, started in below.items():
-        if started is not None and _started(pid) == started:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-
-
-def _started(pid: int) -> str | None:
-    """The start time of process `pid` (a PID reused by another process has another), or None when it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (torchrun's ranks live in sessions of their own), read from /proc."""
-    parent = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            pass
-    found, todo = [], [pid]
-    while todo:
-        below = todo.pop()
-        children = [child for child, ppid in parent.items() if ppid == below]
-        found += children
-        todo += children
-    return found
 
 
 # a rank's own last words, which torchrun's summary of the failure (the last lines it prints) leaves out

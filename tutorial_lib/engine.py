@@ -6,10 +6,7 @@ Precision set-up lives in precision.py, checkpoint files and stop signals in che
 """
 from __future__ import annotations
 
-import errno
 import math
-import os
-import subprocess
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -20,14 +17,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from . import buckets, data, distributed, models, peaks, profiling, stepgraph
+from . import buckets, data, distributed, models, peaks, profiling, stepgraph, tensorboard
 from .meters import COMPILE_WARMUP, LossLog, StepClock, check_timed, timing_fields, untimed_steps  # noqa: F401
 from .precision import (SkippedSteps, autocast, backend_flags, grad_scaler, set_cudnn_benchmark,  # noqa: F401
                         set_precision_flags)  # tl.engine.set_precision_flags: notebook 01
-from .checkpoint import OutDirLock, StopSignals, make_out_dir, read_checkpoint, write_checkpoint
-from .config import ConfigError, TrainConfig, UserError, resume_differences, usable_cpus
+from .checkpoint import OutDirLock, StopSignals, check_length, make_out_dir, read_checkpoint, write_checkpoint
+from .config import ConfigError, TrainConfig, UserError, resume_differences
 from .distributed import device_name  # tl.engine.device_name: notebooks 01-04
-from .results import Result, disk_problem, existing, load_result
+from .history import History, check_eval_every, kept_result
+from .launcher import launch  # noqa: F401  (tl.launch: processes through torchrun, notebook 05)
+from .results import Result
 
 # The CLI's exit code after SIGUSR1 (Slurm's warning before the time limit) or SIGTERM (scancel, a time limit
 # without --signal): the checkpoint is written; run the same command again to continue.
@@ -80,7 +79,7 @@ class Run:
         self.total_steps = cfg.steps or max(1, cfg.epochs * self.steps_per_epoch // cfg.grad_accum_steps)
         self.images_per_step = self.batch_size * env.world_size * cfg.grad_accum_steps
         check_timed(cfg, self.total_steps, self.steps_per_epoch)
-        cfg.check_eval_every(self.total_steps)
+        check_eval_every(cfg, self.total_steps)
         self.raw_model = models.build(cfg.model, data.num_classes(cfg.dataset)).to(self.device)
         if cfg.channels_last:
             self.raw_model = self.raw_model.to(memory_format=torch.channels_last)
@@ -96,11 +95,8 @@ class Run:
         self.clock: StepClock | None = None
         self.prior_timing = {"times": [], "waits": []}  # step times (ms) and data waits (s) before a resume
         self.stop_signal: str | None = None
-        self.val_history: list = []  # [step, training seconds, accuracy] every eval_every steps
-        self.stopped_by: str | None = None  # target_accuracy or patience: the run ended early, and is finished
-        self.t_start, self.t_loop, self.eval_seconds = None, None, 0.0  # this process's clocks (see training_seconds)
-        self.seconds_before = self.first_step_s = self.wall_before = 0.0  # the clocks of a resumed run before it
-        self.saved_step: int | None = None  # the step of the checkpoint this run last wrote
+        self.history = History(cfg)  # val_history, the early stop, their clock (carried in the checkpoint)
+        self.t_start = self.saved_step = None  # when this process's fit() began; the step of its last checkpoint
 
     def wrap(self, net: nn.Module) -> nn.Module:
         """The model as the step calls it: DDP or DataParallel around `net`, compiled if asked (notebook 05).
@@ -248,9 +244,11 @@ class Run:
         try:
             with StopSignals(self), OutDirLock(self.out, env.is_main):
                 self.maybe_resume()
-                kept = self.kept_result()
-                if kept is not None:
-                    return kept
+                if self.history.finished(self.step, self.total_steps):
+                    kept, said = kept_result(self.out, self.step, self.history.stopped_by)
+                    log(env, said)
+                    if kept is not None:  # else written again from the checkpoint, no step trained again
+                        return kept
                 self.clock = StepClock(self.device, warmup=untimed_steps(cfg, cfg.timing_warmup - self.step),
                                        time_first=cfg.compile, prior=self.prior_timing, parts=cfg.time_parts)
                 self.loop(self.clock)
@@ -281,8 +279,7 @@ class Run:
             with profiling.profiler(cfg, env) as prof:
                 batches = self.batches()
                 clock.start()
-                self.t_loop, self.eval_seconds = None, 0.0
-                while self.step < self.total_steps and not self.stopped_by:  # stopped_by: finished early (resumed)
+                while self.step < self.total_steps and not self.history.stopped_by:  # finished early (resumed)
                     with profiling.nvtx_range("data wait", cfg.nvtx):
                         t0 = time.perf_counter()
                         x, y = self.next_batch(batches)
@@ -290,8 +287,8 @@ class Run:
                     self.loss_log.add(self.train_step(x, y))
                     self.step += 1
                     clock.tick()
-                    if cfg.eval_every and self.t_loop is None:  # val_history's clock starts after the first step,
-                        self.t_loop = self.synced_time()  # whose one-off costs (cuDNN autotuning) are not training
+                    if cfg.eval_every and self.history.t_loop is None:  # val_history's clock starts after the first
+                        self.history.t_loop = self.synced_time()  # step, whose one-off costs are not training
                     traces = prof.traces_written()
                     prof.step()
                     if prof.traces_written() != traces:  # writing a trace file (seconds) is not a training step
@@ -373,7 +370,7 @@ class Run:
     def finish(self, clock: StepClock, wall: float) -> Result:
         cfg, env = self.cfg, self.env
         timing = timing_fields(clock, self.batch_size * cfg.grad_accum_steps, env)  # images per rank and step
-        last = self.val_history[-1] if self.val_history else None
+        last = self.history.points[-1] if self.history.points else None
         accuracy = last[2] if last and last[0] == self.step else self.evaluate() if cfg.eval else None
         self.check_stop()  # a signal during the evaluation: the checkpoint holds the last step
         channels, size, *_ = data.SPECS[cfg.dataset]
@@ -384,11 +381,12 @@ class Run:
             loss=self.losses, final_loss=self.losses[-1] if self.losses else float("nan"), val_accuracy=accuracy,
             peak_memory_mb=torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None,
             param_checksums=distributed.all_gather(models.param_checksum(self.raw_model), env),
-            resumed_from_step=self.resumed_from, wall_time_s=self.wall_before + wall, torch_version=torch.__version__,
+            resumed_from_step=self.resumed_from, wall_time_s=self.history.wall_before + wall,
+            torch_version=torch.__version__,
             compile_time_s=clock.first_step_s, flops_per_image=flops,
             mfu=peaks.mfu(timing["throughput_img_s"], flops, device_name(self.device), cfg.precision, env.world_size),
             fp16_skipped_steps=self.skipped.total(), num_workers_used=self.input.workers,
-            val_history=self.val_history, stopped_by=self.stopped_by or "steps")
+            val_history=self.history.points, stopped_by=self.history.stopped_by or "steps")
         if env.is_main:
             self.save_result(result)
         return result
@@ -412,59 +410,12 @@ class Run:
 
     def periodic_eval(self) -> bool:
         """A validation pass every eval_every steps, recorded as [step, training seconds, accuracy] (notebook 06:
-        accuracy against time; the seconds: training_seconds). True once the run stops early (early_stop)."""
+        accuracy against time; history.History keeps them). True once the run stops early (target, patience)."""
         now = self.synced_time()
         accuracy = self.evaluate()
-        self.val_history.append([self.step, round(self.training_seconds(now), 4), accuracy])
-        self.eval_seconds += time.perf_counter() - now
+        log(self.env, self.history.record(self.step, now, accuracy, time.perf_counter() - now))
         self.clock.pause_ended()  # the validation pass is not a training step: left out of the step times
-        self.stopped_by = self.early_stop()
-        why = {None: "", "target_accuracy": f"; target_accuracy={self.cfg.target_accuracy} reached: stopping",
-               "patience": f"; no better accuracy in {self.cfg.patience} passes (patience): stopping"}
-        log(self.env, f"step {self.step}: val acc {100 * accuracy:.1f}% after {self.val_history[-1][1]:.1f} s"
-                      + why[self.stopped_by])
-        return self.stopped_by is not None
-
-    def early_stop(self) -> str | None:
-        """Why the run stops at this validation pass: 'target_accuracy' once its accuracy reaches the target,
-        'patience' when the last `patience` passes found no better accuracy than the best before them; or None."""
-        cfg, accuracies = self.cfg, [a for _, _, a in self.val_history]
-        if cfg.target_accuracy is not None and accuracies[-1] >= cfg.target_accuracy:
-            return "target_accuracy"
-        if cfg.patience and len(accuracies) > cfg.patience and \
-                max(accuracies[-cfg.patience:]) <= max(accuracies[:-cfg.patience]):
-            return "patience"
-        return None
-
-    def training_seconds(self, now: float) -> float:
-        """val_history's clock: seconds of training since the end of the run's first step (its one-off costs,
-        cuDNN autotuning, are not training), the validation passes left out. A resumed run counts on from its
-        checkpoint's seconds, its own first step as an average step of before."""
-        if self.t_loop is None:
-            return self.seconds_before
-        return self.seconds_before + self.first_step_s + now - self.t_loop - self.eval_seconds
-
-    def finished(self) -> bool:
-        """The run has nothing left to train: all its steps, or it stopped early (target_accuracy, patience)."""
-        return self.step >= self.total_steps or self.stopped_by is not None
-
-    def kept_result(self) -> Result | None:
-        """A finished run's result.json (nothing is trained again); None when there are steps left, or when the
-        file is missing or damaged: the run then finishes from its checkpoint and writes it, training nothing."""
-        if not self.finished():
-            return None
-        why = f"stopped by {self.stopped_by} at step {self.step}" if self.stopped_by else f"{self.step} steps"
-        try:
-            result = load_result(self.out)
-        except UserError:
-            state = "is damaged" if (self.out / "result.json").exists() else "is missing"
-            log(self.env, f"{self.out} holds a finished run ({why}) whose result.json {state}: writing it again from "
-                          "the checkpoint (no step is trained again)")
-            return None
-        longer = "" if self.stopped_by else ", a larger steps= continues it"
-        log(self.env, f"{self.out} holds a finished run ({why}; result.json kept); resume=false trains it again "
-                      f"from step 0{longer}")
-        return result
+        return self.history.stopped_by is not None
 
     def synced_time(self) -> float:
         """The host clock once the device has run everything queued."""
@@ -495,17 +446,7 @@ class Run:
     def tensorboard_writer(self):
         if not (self.cfg.tensorboard and self.env.is_main):
             return None
-        from torch.utils.tensorboard import SummaryWriter
-
-        try:
-            full = disk_problem(existing(self.out / "tb"))  # the writer's thread would fail with a traceback
-            if full:
-                raise OSError(errno.ENOSPC, full)
-            return SummaryWriter(str(self.out / "tb"), purge_step=self.step if self.resumed_from else None)
-        except OSError as e:
-            why = disk_problem(existing(self.out / "tb"), e) or e.strerror or str(e)
-            raise UserError(f"TensorBoard can't write its event file into {self.out / 'tb'} ({why}); free space, "
-                            "or give tensorboard=false") from None
+        return tensorboard.event_writer(self.out / "tb", purge_step=self.step if self.resumed_from else None)
 
     def progress_bar(self):
         from tqdm import tqdm
@@ -525,19 +466,12 @@ class Run:
         state = {"step": self.step, "model": self.raw_model.state_dict(), "optimizer": self.opt.state_dict(),
                  "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(),
                  "losses": self.losses, "rng_cpu": torch.get_rng_state(), "config": self.cfg.to_dict(),
-                 "world_size": self.env.world_size, "timing": timing, "val_history": self.val_history,
-                 "stopped_by": self.stopped_by, "clock": self.clocks()}
+                 "world_size": self.env.world_size, "timing": timing,
+                 **self.history.state(self.synced_time(), time.perf_counter() - (self.t_start or time.perf_counter()))}
         if self.device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state(self.device)
         write_checkpoint(state, self.out / "checkpoint.pt")
         self.saved_step = self.step
-
-    def check_length(self, path, step: int) -> None:
-        """A checkpoint past the end of this run would be reported as a run of its steps under a config of fewer."""
-        if step > self.total_steps:
-            length = f"steps={self.cfg.steps}" if self.cfg.steps else f"epochs={self.cfg.epochs} ({self.total_steps} steps)"
-            raise ConfigError(f"{path} holds a run at step {step}, past {length}: a run can't be shortened; give "
-                              f"steps >= {step} to keep it, or resume=false to train {self.total_steps} steps afresh")
 
     def restore(self, state: dict) -> None:
         """Everything a checkpoint holds, back into this run."""
@@ -551,21 +485,7 @@ class Run:
         self.step, self.resumed_from = state["step"], state["step"]
         self.loss_log.values = [float(v) for v in state["losses"]]
         self.prior_timing = state.get("timing") or self.prior_timing
-        self.resume_clocks(state)
-
-    def clocks(self) -> dict:
-        """The clocks a checkpoint carries: val_history's training seconds, and the wall time of the run so far."""
-        now = self.synced_time()
-        wall = now - self.t_start if self.t_start is not None else 0.0
-        return {"seconds": self.training_seconds(now), "wall_s": self.wall_before + wall}
-
-    def resume_clocks(self, state: dict) -> None:
-        """Carry on the clocks, the validation history and the early stop of the checkpoint `state`."""
-        self.val_history = [list(h) for h in state.get("val_history") or []]
-        self.stopped_by = state.get("stopped_by")
-        clock = state.get("clock") or {}
-        self.seconds_before, self.wall_before = float(clock.get("seconds", 0.0)), float(clock.get("wall_s", 0.0))
-        self.first_step_s = self.seconds_before / (self.step - 1) if self.step > 1 else 0.0
+        self.history.resume(state, self.step)
 
     def maybe_resume(self) -> None:
         path = self.out / "checkpoint.pt"
@@ -578,7 +498,7 @@ class Run:
         if differ:
             raise ConfigError(f"{path} holds a run with {'; '.join(differ)}: resuming would mix two runs; use "
                               "the checkpoint's values, another out_dir, or resume=false to start afresh")
-        self.check_length(path, state["step"])
+        check_length(path, state["step"], self.cfg, self.total_steps)
         try:
             self.restore(state)
         except (RuntimeError, ValueError, TypeError, KeyError, AttributeError) as e:  # weights of another model, ...
@@ -617,33 +537,3 @@ def train(cfg: TrainConfig) -> Result:
     Notebook 01 introduces it; every notebook, the CLI, torchrun and the Slurm jobs end here."""
     with prepared_run(cfg) as run:
         return run.fit()
-
-
-def launch(cfg: TrainConfig, nproc: int, extra_env: dict | None = None, timeout: float | None = None,
-           command: str = "train", args: tuple = ()) -> Result | None:
-    """Run `cfg` as DDP with `nproc` processes through torchrun, streaming their output into the cell
-    (notebook 05). Returns the run's result (rank 0's result.json); command="bench" runs the bench on every
-    rank instead (`args`: its options, e.g. ("--steps", "40")) and returns None: read <out_dir>/bench.json.
-
-    Functions defined in a notebook can't be spawned, so the processes run the package's CLI
-    (`-m tutorial_lib train`) with the config as key=value overrides. `timeout` (seconds, from the start): the
-    processes are stopped then (as scancel stops a job: a training rank checkpoints) and the error says so;
-    interrupting the cell stops them the same way."""
-    if not (isinstance(nproc, int) and not isinstance(nproc, bool) and nproc > 0):
-        raise UserError(f"nproc={nproc!r} must be a positive whole number: the processes to start, e.g. nproc=2")
-    cfg = cfg.replace(parallel="ddp", progress=False)  # a progress bar can't stream through a pipe
-    words = ["--standalone", f"--nproc_per_node={nproc}", "-m", "tutorial_lib", command, *args, *cfg.to_overrides()]
-    print("$ torchrun " + " ".join(words), flush=True)
-    threads = max(1, usable_cpus() // nproc)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), **(extra_env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *words], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-    lines, timed_out = distributed.stream_until(proc, timeout)
-    if timed_out:
-        raise UserError(f"torchrun did not finish within timeout={timeout} s: its processes were stopped (a rank "
-                        f"that was training wrote a checkpoint in {cfg.out_dir}: launch the same config again to "
-                        "continue); what they said:\n" + distributed.failure_lines(lines))
-    if proc.returncode != 0:
-        raise UserError(f"torchrun exited with code {proc.returncode}; what its processes said:\n"
-                        + distributed.failure_lines(lines))
-    return load_result(cfg.out_dir) if command == "train" else None

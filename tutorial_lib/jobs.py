@@ -15,7 +15,6 @@ This module never imports torch: it runs on login nodes.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -24,12 +23,12 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .config import (ROOT, ConfigError, TrainConfig, UserError, check_global_batch, check_one_line, check_world,
-                     format_value, load, suggest)
+from .config import ROOT, TrainConfig, UserError, check_one_line, load, suggest
 from .results import result_line  # noqa: F401  (tl.jobs.result_line: notebooks 01, 03)
 from .sites import (ARRAY_RE, PATH_RE, Site, check_name, check_pattern, check_slurm_words, default_site, directives,
                     load_site, time_seconds)
 from .slurm import Job, NoSlurm
+from .sweeps import as_read, check_as_in_the_job, sweep_points, sweep_words
 from .slurm import available as slurm_available  # noqa: F401  (tl.jobs.slurm_available(): notebooks 01-03)
 from .slurm import submit as sbatch
 
@@ -174,8 +173,7 @@ class Program:
 
 
 def _training(cfg: TrainConfig, name: str, world_size: int) -> Program:
-    check_world(cfg.parallel, world_size)
-    check_global_batch(cfg.global_batch_size, world_size)  # what the job would find at its start: found now
+    check_as_in_the_job(cfg, world_size)
     default = TrainConfig()
     if cfg.out_dir == default.out_dir:
         cfg = cfg.replace(out_dir=f"runs/{name}")  # each job its own folder
@@ -207,56 +205,6 @@ def _command(command: str | list[str]) -> Program:
     return Program(words or ["-c", "pass"], False, python, argv)
 
 
-def sweep_points(sweep: dict[str, list] | list[dict] | None) -> list[dict[str, str]]:
-    """A grid {key: [values]} or a list of points [{key: value}], as points of key -> value strings."""
-    if not sweep:
-        return []
-    if isinstance(sweep, dict):
-        keys = list(sweep)
-        for key in keys:
-            if not isinstance(sweep[key], (list, tuple)) or not sweep[key]:
-                raise UserError(f"sweep[{key!r}] must be a non-empty list of values, e.g. {{'{key}': [32, 64]}}")
-        sweep = [dict(zip(keys, values)) for values in itertools.product(*(sweep[k] for k in keys))]
-    points = [{str(k): format_value(v) for k, v in point.items()} for point in sweep]
-    for point in points:
-        for key, value in point.items():
-            check_one_line(f"sweep key {key!r}", key)
-            check_one_line(key, value)
-    if len(points) > 1000:
-        raise UserError(f"the sweep has {len(points)} points; a job array of at most 1000 tasks, please")
-    return points
-
-
-def _as_read(cfg: TrainConfig, points: list[dict[str, str]], world_size: int) -> list[dict[str, str]]:
-    """Each point's values as the config reads them (` 2` is 2, `1e-3` is 0.001, `yes` is true), so that what
-    the job file says is what runs; a point the run would refuse (at its start, on `world_size` processes) is
-    refused now."""
-    out = []
-    for point in points:
-        try:
-            read = load(None, [*cfg.to_overrides(), *(f"{k}={v}" for k, v in point.items())])
-            check_global_batch(read.global_batch_size, world_size)
-        except ConfigError as e:
-            raise UserError(f"sweep point {point}: {e}") from None
-        out.append({k: format_value(getattr(read, k)) for k in point})
-    return out
-
-
-def _sweep_words(cfg: TrainConfig, points: list[dict[str, str]], base_out: str) -> list[dict]:
-    rendered = []
-    for point in points:
-        try:
-            load(None, [*cfg.to_overrides(), *(f"{k}={v}" for k, v in point.items())])
-        except ConfigError as e:
-            raise UserError(f"sweep point {point}: {e}") from None
-        label = "_".join(f"{k}-{re.sub(r'[^A-Za-z0-9.]+', '-', v)}" for k, v in point.items() if k != "out_dir")
-        out_dir = point.get("out_dir") or f"{base_out}/{label}"
-        words = [shlex.quote(f"{k}={v}") for k, v in point.items() if k != "out_dir"]
-        workers = point.get("num_workers") if point.get("num_workers", "auto") != "auto" else None
-        rendered.append({"out_dir": out_dir, "words": words, "workers": workers})
-    return rendered
-
-
 # ---------------------------------------------------------------------------------------- rendering
 def render(name: str, cfg: TrainConfig | None = None, *, site: str | None = None, command: str | list | None = None,
            sweep: dict | list | None = None, description: str | None = None, **resource_values: Any) -> str:
@@ -278,7 +226,7 @@ def render(name: str, cfg: TrainConfig | None = None, *, site: str | None = None
     r = resolve(resources(**resource_values), profile, one_process=cfg is not None and cfg.parallel == "dp")
     points = sweep_points(sweep)
     if points and cfg is not None:
-        points = _as_read(cfg, points, r.nodes * procs_per_node(r))
+        points = as_read(cfg, points, r.nodes * procs_per_node(r))
     if points and r.array is not None:
         raise UserError(f"array={r.array!r} and a sweep both set the array; leave array out (the sweep sets it)")
     world = r.nodes * procs_per_node(r)
@@ -322,7 +270,7 @@ def _context(name, site, r, program, points, cfg, description) -> dict[str, Any]
                         f"cpus_per_task={per_task}")
     r = replace(r, cpus_per_task=cpus, job_name=r.job_name or name,
                 output=r.output or ("jobs/logs/%x-%A_%a.out" if points or r.array else "jobs/logs/%x-%j.out"))
-    sweep = _sweep_words(cfg, points, program.out_dir) if points else []
+    sweep = sweep_words(cfg, points, program.out_dir) if points else []
     background = " &" if r.requeue else ""
     runner = _runner(r, program, site)
     return {
@@ -367,8 +315,9 @@ def _runner(r: Resources, program: Program, site: Site) -> str:
         lines.append('nsys profile --trace=cuda,nvtx,osrt --force-overwrite=true '
                      '--output="${out_dir:-.}/nsys/%q{SLURM_JOB_ID}.%q{SLURM_PROCID}"')
     last = ""
-    if r.mode in ("torchrun", "multinode"):
-        last = "torchrun " if program.python else "torchrun --no-python "
+    if r.mode in ("torchrun", "multinode"):  # one node: torchrun with its stores on 127.0.0.1 (tutorial_lib.launcher)
+        last = "torchrun " if r.mode == "multinode" else "python -m tutorial_lib.launcher "
+        last += "" if program.python else "--no-python "
     elif r.line_profile:
         targets = DEFAULT_LINE_PROFILE if r.line_profile is True else str(r.line_profile)
         check_pattern("line_profile", targets, re.compile(r"[A-Za-z0-9_.,/]+"), "dotted names and paths",
@@ -540,4 +489,4 @@ def out_dirs(record: dict) -> list[str]:
     cfg = load(None, record["overrides"])
     if not record.get("sweep"):
         return [cfg.out_dir]
-    return [p["out_dir"] for p in _sweep_words(cfg, record["sweep"], cfg.out_dir)]
+    return [p["out_dir"] for p in sweep_words(cfg, record["sweep"], cfg.out_dir)]

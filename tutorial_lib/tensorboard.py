@@ -7,6 +7,7 @@ forwards Jupyter's port only). That address is the link and what the inline view
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -214,6 +215,23 @@ def start(logdir: str | os.PathLike = "runs", port: int | None = None, timeout: 
 
 
 _CHILDREN: dict = {}  # pid -> Popen of the TensorBoards this process started
+
+
+def event_writer(folder: Path, purge_step: int | None = None):
+    """A run's TensorBoard SummaryWriter into `folder` (the engine's; purge_step: a resumed run's first step), or a
+    one-line error when the folder can't take its event file: checked first, since on a full disk the writer's
+    own thread fails with a traceback while the run goes on."""
+    try:
+        full = disk_problem(existing(folder))
+        if full:
+            raise OSError(errno.ENOSPC, full)
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(folder), purge_step=purge_step)
+    except OSError as e:
+        why = disk_problem(existing(folder), e) or e.strerror or str(e)
+        raise UserError(f"TensorBoard can't write its event file into {folder} ({why}); free space, or give "
+                        "tensorboard=false") from None
 
 
 def _open_log(logdir: Path):
