@@ -105,8 +105,11 @@ def requeue_steps(work) -> int:
 
 
 @pytest.fixture(scope="module")
-def jobs_submitted(work, requeue_steps):
+def jobs_submitted(work, requeue_steps, request, tmp_path_factory):
     """Render every job into a scratch jobs/ folder and submit them all; name -> Job."""
+    from test_slurm_signals import start_beside
+
+    start_beside(request.session, tmp_path_factory)  # the stop-signal jobs wait for the cluster beside these
     fake = _fake_tools(work / "bin")
     env = f"--export=ALL,PATH={fake}:{os.environ['PATH']},FAKE_PIDS={work}/smi.pids,FAKE_NSYS_LOG={work}/nsys"
     out = dict(output=f"{work}/logs/%x-%j.out")
@@ -121,7 +124,8 @@ def jobs_submitted(work, requeue_steps):
         "srun": dict(cfg=tiny(work / "srun", parallel="ddp"), site="local", nodes=2, gpus_per_node=1, mode="srun",
                      nsys=True),
         "sweep": dict(cfg=tiny(work / "sweep"), site="local", sweep={"batch_size": [8, 16]}),
-        "fails": dict(cfg=tiny(work / "fails", precision="fp16"), site="local"),
+        # fails at its start (a config the render can check, such as fp16 on a CPU, is refused at render time)
+        "fails": dict(cfg=tiny(work / "fails", dataset="cifar10", data_dir=str(work / "no-data")), site="local"),
         "ladder": dict(cfg=ladder_job(work)[0], sweep=ladder_job(work)[1], site="local"),  # notebook 04's job
     }
     submitted = {}
@@ -227,7 +231,7 @@ def test_failing_job_is_reported_failed_with_its_exit_code(jobs_submitted):
     job = jobs_submitted["fails"]
     assert job.wait(timeout=240, quiet=True) == "FAILED"
     assert job.exit_code() == 2
-    assert "precision='fp16' needs a CUDA GPU" in job.log(50)
+    assert "dataset 'cifar10' is not staged in" in job.log(50)
 
 
 def test_job_at_its_time_limit_is_requeued_and_resumes_without_losing_a_step(jobs_submitted, requeue_steps):
