@@ -37,6 +37,7 @@ class Study:
 
 STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("ladder", "ladder:study", "04", 1, "the optimization ladder rung by rung, and traces of its key rungs"),
+    Study("dpddp", "dpddp:study", "05", 4, "DataParallel against DDP on 1, 2 and 4 GPUs, the trap, DDP's knobs"),
 )}
 
 
