@@ -96,6 +96,36 @@ def study(size, out: Path) -> dict[str, dict]:
     return {"05_dp_vs_ddp": figures}
 
 
+def summary_rows(folder: str | Path) -> list[dict]:
+    """The runs a notebook wrote under `folder` (every result.json, tl.scaling.ledger), each multi-GPU run against
+    a valid one-GPU run among them (tl.scaling.best_baseline; DataParallel's GPUs: its batch over the one-GPU
+    run's), untraced runs only: a summary read from the files, never from a cell's variables."""
+    runs = [r for r in scaling.ledger(folder) if not r["config"].get("profile")]
+    singles = [r for r in runs if r["world_size"] == 1 and r["config"]["parallel"] == "none"]
+    out = []
+    for r in runs:
+        dp = r["config"]["parallel"] == "dp"
+        if r["world_size"] == 1 and not dp:
+            continue
+        for base in sorted(singles, key=lambda b: -b["throughput_img_s"]):
+            gpus = r["global_batch"] // base["global_batch"] if dp else None
+            try:
+                p = scaling.efficiency(r, base, "weak", gpus)
+            except UserError:
+                continue
+            out.append({"run": r["run"], "parallel": r["config"]["parallel"], "gpus": p.gpus, "img_s": p.img_s,
+                        "baseline": base["run"], "baseline_img_s": base["throughput_img_s"],
+                        "speedup": p.speedup, "efficiency": p.efficiency,
+                        "replicas_identical": len(set(r.get("param_checksums") or [0])) == 1})
+            break
+    return out
+
+
+def missing(study_name: str = "dpddp") -> str:
+    return (f"(no reference run recorded yet: on a 4-GPU node `python -m tutorial_lib study {study_name} --reference` "
+            "writes it)")
+
+
 # ---------------------------------------------------------------------------------------- reading the record
 def spread(result: dict) -> float:
     """Half the p10-p90 range of a run's step times, relative to its median: how far its img/s may wander."""
@@ -132,23 +162,26 @@ def comparison(figures: dict, name: str) -> dict | None:
             "verdict": relation(p.speedup, max(spread(run), spread(base)), "one GPU")}
 
 
-def rows(figures: dict) -> list[dict]:
-    """Every multi-GPU case that ran untraced and has a baseline, in the study's order."""
+def rows(figures: dict, parallel: str | None = None) -> list[dict]:
+    """Every multi-GPU case that ran untraced and has a baseline, in the study's order (`parallel`: only the
+    DataParallel ("dp") or DDP ("ddp") ones)."""
     out = []
     for name, rec in figures["cases"].items():
-        traced = (rec.get("result") or {}).get("config", {}).get("profile")
-        if rec["gpus"] > 1 and not name.startswith("knob_") and not traced:
+        config = (rec.get("result") or {}).get("config", {})
+        if parallel and config.get("parallel") != parallel:
+            continue
+        if rec["gpus"] > 1 and not name.startswith("knob_") and not config.get("profile"):
             row = comparison(figures, name)
             if row:
                 out.append(row)
     return out
 
 
-def table(figures: dict) -> str:
+def table(figures: dict, parallel: str | None = None) -> str:
     """The comparison as a Markdown table: img/s, the same recipe on one GPU beside it, speedup, efficiency."""
     lines = ["| run | GPUs | batch per GPU | img/s | the same on 1 GPU, img/s | speedup | efficiency | verdict |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for r in rows(figures):
+    for r in rows(figures, parallel):
         lines.append(f"| {r['about']} | {r['gpus']} | {r['batch_per_gpu']} | {r['img_s']:,.0f} | "
                      f"{r['baseline_img_s']:,.0f} ({r['baseline']}) | {r['speedup']:.2f}x | {r['efficiency']:.2f} | "
                      f"{r['verdict']} |")
@@ -189,9 +222,10 @@ def trap(figures: dict) -> dict | None:
     plain, forced = (figures["cases"].get(k, {}).get("result") for k in ("dp_4", "dp_4_cudnn"))
     if not (plain and forced):
         return None
+    ratio = forced["throughput_img_s"] / plain["throughput_img_s"]
     return {"plain_img_s": plain["throughput_img_s"], "forced_img_s": forced["throughput_img_s"],
-            "forced_step_ms": forced["step_time_ms"]["median"],
-            "slowdown": plain["throughput_img_s"] / forced["throughput_img_s"]}
+            "forced_step_ms": forced["step_time_ms"]["median"], "ratio": ratio,
+            "verdict": relation(ratio, max(spread(plain), spread(forced)), "the engine's setting")}
 
 
 def knob_rows(figures: dict) -> list[dict]:
@@ -215,9 +249,9 @@ def knob_table(figures: dict) -> str:
 
 
 def memory(figures: dict) -> list[dict]:
-    """GPU memory used per GPU (MiB, nvidia-smi, the timed window) and utilisation, for the cases monitored."""
-    return [{"about": rec["about"], **rec["monitor"]} for rec in figures["cases"].values()
-            if rec.get("monitor", {}).get("mem_used_mib")]
+    """GPU memory used per GPU (MiB, nvidia-smi, the timed window) and utilisation, for the rows of `table`."""
+    cases = [figures["cases"][r["case"]] for r in rows(figures)]
+    return [{"about": rec["about"], **rec["monitor"]} for rec in cases if rec.get("monitor", {}).get("mem_used_mib")]
 
 
 def rank_traces(figures: dict) -> tuple[str, dict] | tuple[None, None]:

@@ -268,15 +268,18 @@ def race_target(history: list, after_s: float, resolution: float) -> float | Non
 
 
 # ---------------------------------------------------------------------------------------- Slurm jobs
-TRACED = dict(profile=True, profile_ranks="all", profile_wait=10, profile_warmup=2, profile_active=3,
-              profile_memory=False, profile_record_shapes=False)  # a point traced on every rank: comm_share
+def traced(cfg: TrainConfig, wait: int = 20) -> dict:
+    """The keys that trace a run on every rank, for comm_share: 2 steps recorded after 1 thrown away, starting
+    `wait` steps in (fewer when the run is shorter). The trace slows the run: its img/s is not a figure to quote."""
+    return dict(profile=True, profile_ranks="all", profile_wait=max(0, min(wait, (cfg.steps or 100) - 3)),
+                profile_warmup=1, profile_active=2, profile_memory=False, profile_record_shapes=False)
 
 
 def write_jobs(cfg: TrainConfig, gpus=(1, 2, 4), nodes: int = 2, prefix: str = "06",
                out: str = "runs/06_scaling", **write_kw) -> list[Path]:
     """The scaling study as Slurm jobs, one per GPU count n (a job can't change its GPUs per task): an array
     whose tasks are the weak point (batch cfg.batch_size per GPU), the strong point (the same global batch
-    split n ways) and, at the largest n, the weak point traced on every rank (TRACED: what the all-reduce
+    split n ways) and, at the largest n, the weak point traced on every rank (`traced`: what the all-reduce
     costs, `comm_share`); then the weak point on `nodes` nodes. Each task writes <out>/<n>gpu/<point>/
     result.json: `ledger(out)` collects them. write_kw go to tl.jobs.write (site, time, jobs_dir, show, ...)."""
     from .. import jobs
@@ -289,7 +292,7 @@ def write_jobs(cfg: TrainConfig, gpus=(1, 2, 4), nodes: int = 2, prefix: str = "
                 raise UserError(f"batch_size={b} does not split over {n} GPUs for the strong point; choose a "
                                 f"multiple of {math.lcm(*counts)}")
             sweep = [{"batch_size": b}, {"batch_size": b // n}]
-            sweep += [{"batch_size": b, **TRACED, "out_dir": f"{out}/{n}gpu/traced"}] if n == counts[-1] else []
+            sweep += [{"batch_size": b, **traced(cfg), "out_dir": f"{out}/{n}gpu/traced"}] if n == counts[-1] else []
         paths.append(jobs.write(f"{prefix}_scaling_{n}gpu", cfg.replace(
             parallel="ddp" if n > 1 else "none", out_dir=f"{out}/{n}gpu"), gpus_per_node=n, sweep=sweep,
             description=f"notebook 06: scaling on {n} GPU(s): " + ("the single-GPU baseline" if n == 1 else
@@ -358,11 +361,13 @@ def write_csv(rows: list[dict], path: str | os.PathLike) -> Path:
     return path
 
 
-def markdown_table(rows: list[dict]) -> str:
-    """The ledger as a Markdown table."""
+def markdown_table(rows: list[dict], root: str | os.PathLike | None = None) -> str:
+    """The ledger as a Markdown table (`root`: the folder it was read from, shown in front of each run's folder)."""
     lines = ["| " + " | ".join(LEDGER_COLUMNS) + " |", "|" + " --- |" * len(LEDGER_COLUMNS)]
     for r in rows:
         row = ledger_row(r)
+        if root is not None:
+            row["run"] = f"{Path(root).as_posix()}/{row['run']}"
         lines.append("| " + " | ".join(_cell(row[k]) for k in LEDGER_COLUMNS) + " |")
     return "\n".join(lines)
 
