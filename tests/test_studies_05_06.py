@@ -252,14 +252,15 @@ def full_shaped(study: str, records: dict) -> dict:
     one = runs["race_1"]["result"]
     target = out["race"]["target"]
     one["val_history"] = [[s, t * 30, acc] for s, t, acc in one["val_history"]] + [[999, 90.0, target]]
-    for rule, per_gpu in (("linear", 8), ("sqrt", 8), ("none", 8), ("sqrt", 32)):
-        rec = _resized(runs["race_2_8_linear"], 4, per_gpu=per_gpu)
+    small_race = next(k for k in runs if k.startswith("race_2_"))
+    for rule, per_gpu in (("sqrt", 8), ("linear", 8), ("none", 8), ("sqrt", 32)):
+        rec = _resized(runs[small_race], 4, per_gpu=per_gpu)
         rec["about"] = f"4 GPUs, {per_gpu} per GPU, lr rule {rule}"
         rec["result"]["throughput_img_s"] = 4 * one["throughput_img_s"]
         rec["result"]["val_history"] = [[250, 25.0 * per_gpu / 8, target]]
         rec["result"]["config"].update(dataset=one["config"]["dataset"], val_size=one["config"]["val_size"])
         runs[f"race_4_{per_gpu}_{rule}"] = rec
-    del runs["race_2_8_linear"]
+    del runs[small_race]
     return out
 
 

@@ -1,6 +1,6 @@
 """Notebook 05's GPU study: DataParallel against DDP, measured on the CIFAR-stem ResNet-18.
 
-    python -m tutorial_lib study dpddp --reference     # a 4-GPU node: about 5 minutes (a 2-GPU node runs its part)
+    python -m tutorial_lib study dpddp --reference     # a 4-GPU node: at most 5 minutes (a 2-GPU node runs its part)
     python -m tutorial_lib study dpddp --small         # the same code with tiny sizes on a CPU (2 gloo processes)
 
 Every case is an untraced run of the workbook's command line, one at a time with the node to itself
@@ -57,26 +57,26 @@ def cases(size) -> list[Case]:
                 Case("ddp_eager_2", ddp, 2, "DDP eager, 2 GPUs")]
     fast = graphed(base, size)
     knob = dict(steps=200, timing_warmup=40)
-    return [
+    return [  # estimates: start-up about 12 s, a cold compile about 20 s, then the timed steps (H100)
         Case("one_eager", base, 1, "1 GPU, eager", estimate_s=20),
-        Case("one_graph", fast, 1, "1 GPU, the whole step as one CUDA graph", estimate_s=45),
+        Case("one_graph", fast, 1, "1 GPU, the whole step as one CUDA graph", estimate_s=40),
         Case("dp_2", dp(2), 2, "DataParallel, 2 GPUs", estimate_s=25),
         Case("dp_4", dp(4), 4, "DataParallel, 4 GPUs", estimate_s=30),
+        # cuDNN times its algorithms again in every step here (about 1.5 s per step on 4 GPUs): few steps suffice
+        Case("dp_4_cudnn", dp(4, cudnn_benchmark="force", steps=16, timing_warmup=4, time_parts=False), 4,
+             "DataParallel, 4 GPUs, cudnn_benchmark=force", estimate_s=40),
         Case("ddp_eager_2", ddp, 2, "DDP eager, 2 GPUs", estimate_s=20),
-        Case("ddp_eager_4", ddp, 4, "DDP eager, 4 GPUs", estimate_s=20),
-        Case("ddp_graph_2", graphed(ddp, size), 2, "DDP, the whole step as one CUDA graph, 2 GPUs", estimate_s=30),
-        Case("ddp_graph_4", graphed(ddp, size), 4, "DDP, the whole step as one CUDA graph, 4 GPUs", estimate_s=30),
+        Case("ddp_eager_4", ddp, 4, "DDP eager, 4 GPUs", estimate_s=25),
+        Case("ddp_graph_2", graphed(ddp, size), 2, "DDP, the whole step as one CUDA graph, 2 GPUs", estimate_s=25),
+        Case("ddp_graph_4", graphed(ddp, size), 4, "DDP, the whole step as one CUDA graph, 4 GPUs", estimate_s=25),
         Case("one_eager_b1024", base.replace(batch_size=big, steps=100, timing_warmup=20), 1,
              "1 GPU, eager, batch 1024", estimate_s=20),
         Case("dp_4_b1024", dp(4, big, steps=40, timing_warmup=10), 4, "DataParallel, 4 GPUs, batch 1024 per GPU",
-             estimate_s=30),
+             estimate_s=25),
         Case("ddp_eager_4_traced", ddp.replace(**trace), 4, "DDP eager, 4 GPUs, every rank traced", estimate_s=25),
         Case("knob_accum", ddp.replace(grad_accum_steps=4, **knob), 2, "grad_accum_steps=4", estimate_s=20),
         Case("knob_bucket", ddp.replace(ddp_bucket_cap_mb=1, **knob), 2, "ddp_bucket_cap_mb=1", estimate_s=20),
         Case("knob_syncbn", ddp.replace(sync_batchnorm=True, **knob), 2, "sync_batchnorm=true", estimate_s=20),
-        # cuDNN times its algorithms again in every step here (about 1.5 s per step on 4 GPUs): few steps suffice
-        Case("dp_4_cudnn", dp(4, cudnn_benchmark="force", steps=16, timing_warmup=4, time_parts=False), 4,
-             "DataParallel, 4 GPUs, cudnn_benchmark=force", estimate_s=45),
     ]
 
 

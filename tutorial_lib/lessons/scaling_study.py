@@ -10,10 +10,11 @@ recorded as one CUDA graph, gradient all-reduce inside). Stages, the figures wri
   2. notebook 01's baseline (configs/baseline.yaml) on one GPU: the recipe's gain, for the headline;
   3. the race to a target accuracy on shapes_hard at batch 256 per GPU: one GPU trains about RACE_S seconds'
      worth of images on a cosine schedule; the target is set from that run (race_target: above anything it
-     reached in its first AFTER_S seconds); then 4 GPUs with each learning-rate rule, over the same images and
-     validated after the same images, stop at the target; and 4 GPUs at 1024 per GPU (a global batch of 4096);
+     reached in its first AFTER_S seconds); then 4 GPUs with the sqrt and the linear rule, over the same
+     images and validated after the same images, stop at the target;
   4. strong scaling at a global batch of 1024 (256 per GPU);
-  5. what the all-reduce costs: the 4-GPU weak point traced on every rank (tl.scaling.comm_share).
+  5. what the all-reduce costs: the 4-GPU weak point traced on every rank (tl.scaling.comm_share);
+  6. the race's last points: no scaling of the rate, and 1024 per GPU (a global batch of 4096).
 Speedup and efficiency come from tl.scaling.efficiency only, against the same recipe on one GPU.
 """
 from __future__ import annotations
@@ -56,7 +57,7 @@ def study(size, out: Path) -> dict[str, dict]:
     runner = Runner(out, size.pick(1800, BUDGET_S), 0 if size.small else torch.cuda.device_count())
     fig = {"recipe": " ".join(recipe(size).to_overrides()), "gpus": gpus, "counts": [n for n in (1, 2, 4) if n <= gpus],
            "batch_per_gpu": recipe(size).batch_size, "runs": runner.records}
-    for stage in (weak_stage, baseline_stage, race_stage, strong_stage, comm_stage):
+    for stage in (weak_stage, baseline_stage, race_stage, strong_stage, comm_stage, more_race_stage):
         stage(size, runner, fig)
         runner.save()
         (Path(out) / "06_scaling.partial.json").write_text(json.dumps(fig, indent=1) + "\n")
@@ -83,8 +84,8 @@ def baseline_stage(size, runner: Runner, fig: dict) -> None:
 
 
 def race_stage(size, runner: Runner, fig: dict) -> None:
-    """One GPU first (the target comes from it), then the rules on every GPU, then a 4x larger batch per GPU."""
-    base, n = race_recipe(size), fig["gpus"]
+    """One GPU first (the target comes from it), then two rules on every GPU."""
+    base = race_recipe(size)
     one_img_s = (runner.result("weak_1") or {}).get("throughput_img_s")
     if size.small:
         steps = 24
@@ -108,15 +109,29 @@ def race_stage(size, runner: Runner, fig: dict) -> None:
         target = max(acc for *_, acc in rec["result"]["val_history"])
         race["target_rule"] = "the best validation of the one-GPU run (it never beat its first after_s seconds)"
     race["target"] = target
-    big = 1024
-    races = [("linear", base.batch_size)] if size.small else [
-        *((r, base.batch_size) for r in ("linear", "sqrt", "none")), ("sqrt", big)]  # small: the code path once
-    for rule, per_gpu in races:
+    race_points(size, runner, fig, [("sqrt", base.batch_size), ("linear", base.batch_size)])
+
+
+def race_points(size, runner: Runner, fig: dict, points: list) -> None:
+    """The race on every GPU, each (rule, batch per GPU) over the one-GPU run's images, validated after the same
+    images, stopped at the target."""
+    race, base, n = fig.get("race", {}), race_recipe(size), fig["gpus"]
+    if "target" not in race:
+        return
+    steps, every = race["images"] // base.batch_size, race["eval_every_images"] // base.batch_size
+    for rule, per_gpu in points[:1] if size.small else points:  # small: the code path once
         cfg = scaling.lr_recipe(base.replace(batch_size=per_gpu), n, base.batch_size, rule, race["warmup_images"])
         k = n * per_gpu // base.batch_size  # times the one-GPU run's images per step
-        cfg = cfg.replace(steps=max(1, steps // k), eval_every=max(1, every // k), target_accuracy=target)
+        cfg = cfg.replace(steps=max(1, steps // k), eval_every=max(1, every // k), target_accuracy=race["target"])
         about = f"{n} GPUs, {per_gpu} per GPU, lr rule {rule}"
-        runner.run(_case(f"race_{n}_{per_gpu}_{rule}", cfg, n, about, size.pick(60, RACE_S * 1.2 / k + 40)))
+        runner.run(_case(f"race_{n}_{per_gpu}_{rule}", cfg, n, about, size.pick(60, RACE_S * 1.2 / k + 35)))
+
+
+def more_race_stage(size, runner: Runner, fig: dict) -> None:
+    """The last rule, and a 4x larger batch per GPU (the critical batch): after the stages that matter more."""
+    if size.small:  # the race's code path ran once already
+        return
+    race_points(size, runner, fig, [("none", race_recipe(size).batch_size), ("sqrt", 1024)])
 
 
 def strong_stage(size, runner: Runner, fig: dict) -> None:
