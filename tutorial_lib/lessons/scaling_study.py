@@ -103,11 +103,16 @@ def race_stage(size, runner: Runner, fig: dict) -> None:
     rec = runner.run(_case("race_1", one, 1, "1 GPU", size.pick(60, RACE_S + 45)))
     if not rec.get("result"):
         return
-    target = scaling.race_target(rec["result"]["val_history"], race["after_s"], 1 / one.val_size)  # one image more
-    race["target_rule"] = "above every validation of the one-GPU run's first after_s training seconds"
+    history, after = rec["result"]["val_history"], race["after_s"]
+    if not history:
+        race["skipped"] = "the one-GPU run recorded no validation"
+        return
+    target = scaling.race_target(history, after, 1 / one.val_size)  # one image more
+    race["target_rule"] = f"one image above the best validation of the one-GPU run's first {after:g} training seconds"
     if target is None:  # the run never beat its first minute: the best it reached is the target
-        target = max(acc for *_, acc in rec["result"]["val_history"])
-        race["target_rule"] = "the best validation of the one-GPU run (it never beat its first after_s seconds)"
+        target = max(acc for *_, acc in history)
+        race["target_rule"] = (f"the best validation of the one-GPU run (it never beat its first {after:g} training "
+                               "seconds later)")
     race["target"] = target
     race_points(size, runner, fig, [("sqrt", base.batch_size), ("linear", base.batch_size)])
 
