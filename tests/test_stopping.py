@@ -185,14 +185,14 @@ def test_a_run_stopped_early_is_finished_and_keeps_its_result(tiny_cfg, capsys, 
 def test_patience_is_checked_and_documented(tiny_cfg):
     from tutorial_lib import config, jobs
 
-    for bad, message in ((dict(patience=-1), "patience=-1 must be >= 0"),
-                         (dict(patience=2), r"patience=2 needs eval_every > 0")):
-        with pytest.raises(config.ConfigError, match=message):
-            config.TrainConfig(**bad)
-    for bad in (dict(patience=2, eval_every=20, steps=10), dict(target_accuracy=0.5, eval_every=20, steps=10)):
-        with pytest.raises(config.UserError, match="no validation pass within the run"):
+    with pytest.raises(config.ConfigError, match="patience=-1 must be >= 0"):
+        config.TrainConfig(patience=-1)
+    for bad, message in ((dict(patience=2), "patience=2 needs eval_every > 0"),
+                         (dict(patience=2, eval_every=20, steps=10), "no validation pass within the run"),
+                         (dict(target_accuracy=0.5, eval_every=20, steps=10), "no validation pass within the run")):
+        with pytest.raises(config.UserError, match=message):
             jobs.render("t_patience", config.TrainConfig(**bad))  # refused at render time, not in the queue
-        with pytest.raises(config.ConfigError, match="no validation pass within the run"):
+        with pytest.raises(config.ConfigError, match=message):
             engine.train(tiny_cfg(**bad))  # and before the first step
     assert "without a better validation accuracy" in config.key_help()["patience"][2]
 

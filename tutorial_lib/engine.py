@@ -25,7 +25,7 @@ from .checkpoint import OutDirLock, StopSignals, check_length, make_out_dir, rea
 from .config import ConfigError, TrainConfig, UserError, resume_differences
 from .distributed import device_name  # tl.engine.device_name: notebooks 01-04
 from .history import History, check_eval_every, kept_result
-from .launcher import launch  # noqa: F401  (tl.launch: processes through torchrun, notebook 05)
+from .launcher import launch, torchrun_command  # noqa: F401  (tl.launch, notebook 05; lessons/cases)
 from .results import Result
 
 # The CLI's exit code after SIGUSR1 (Slurm's warning before the time limit) or SIGTERM (scancel, a time limit
@@ -107,20 +107,20 @@ class Run:
         cuda_graph=true: no DDP module; the recorded step broadcasts the buffers and all-reduces the gradients."""
         cfg, env = self.cfg, self.env
         self.ddp = None
-        self.flat_sync = cfg.parallel == "ddp" and cfg.flat_grad_sync()
+        self.sync = cfg.sync_mode()  # none, hooks, flat or buckets: decided once, in the config
         self.buckets = None
         if cfg.cuda_graph and env.distributed:  # DDP by hand: the graph holds the gradient all-reduce itself
             distributed.broadcast_(list(net.parameters()) + list(net.buffers()), env)  # rank 0's start, as DDP's
-            if cfg.grad_sync and cfg.ddp_sync == "buckets":  # all-reduces that overlap the backward pass
+            if self.sync == "buckets":  # all-reduces that overlap the backward pass
                 self.buckets = buckets.GradBuckets(net, env, cfg.ddp_bucket_cap_mb, self.grad_dtype())
                 if cfg.compile:  # one compiled model would hand back every gradient at its very end
                     buckets.compile_parts(net, cfg.compile_mode)
                     return net
-        elif cfg.parallel == "ddp" and cfg.grad_sync:  # grad_sync=false: no DDP, ranks train apart (notebook 06)
+        elif self.sync in ("hooks", "flat"):  # grad_sync=false: no DDP, ranks train apart (notebook 06)
             if cfg.sync_batchnorm:
                 net = self.raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(net)
             if cfg.compile:  # DDPOptimizer cuts the graph at the buckets, for hooks that overlap the backward pass
-                torch._dynamo.config.optimize_ddp = cfg.ddp_compile != "whole" and not self.flat_sync
+                torch._dynamo.config.optimize_ddp = cfg.ddp_compile != "whole" and self.sync == "hooks"
             if cfg.compile and cfg.ddp_compile == "inner":
                 net = torch.compile(net, mode=cfg.compile_mode)
             off = {} if cfg.ddp_broadcast_buffers else {"broadcast_buffers": False}  # True: DDP's default
@@ -180,7 +180,7 @@ class Run:
         self.opt.zero_grad(set_to_none=True)
         total = None
         for i, (x, y) in enumerate(micro):  # one micro-batch at a time
-            hooks_sync = self.ddp is not None and i == len(micro) - 1 and not self.flat_sync
+            hooks_sync = self.sync == "hooks" and i == len(micro) - 1
             with self.ddp.no_sync() if self.ddp is not None and not hooks_sync else nullcontext():
                 with profiling.nvtx_range("forward", nvtx), autocast(self.cfg, self.device):
                     loss = F.cross_entropy(self.model(x), y)
@@ -189,7 +189,7 @@ class Run:
                 with profiling.nvtx_range("backward", nvtx):
                     self.scaler.scale(loss).backward()
             total = loss.detach() if total is None else total + loss.detach()
-        if self.flat_sync:
+        if self.sync == "flat":
             self.sync_gradients()
         with profiling.nvtx_range("optimizer", nvtx):
             scale = self.skipped.scale_before(self.scaler)
@@ -206,12 +206,12 @@ class Run:
             distributed.broadcast_(list(self.raw_model.buffers()), self.env)
         with autocast(self.cfg, self.device):
             loss = F.cross_entropy(self.model(x), y)
-        if self.buckets is not None:
+        if self.sync == "buckets":
             self.buckets.start()
         loss.backward()
-        if self.flat_sync:
+        if self.sync == "flat":
             self.sync_gradients()
-        elif self.buckets is not None:  # the buckets started during the backward pass; wait for them
+        elif self.sync == "buckets":  # the buckets started during the backward pass; wait for them
             self.buckets.finish()
         self.opt.step()
         return loss.detach()

@@ -12,7 +12,11 @@ from .results import Result, load_result
 
 
 def check_eval_every(cfg: TrainConfig, total_steps: int) -> None:
-    """target_accuracy and patience act at the validation passes: at least one must fall within the run."""
+    """target_accuracy and patience act at the validation passes: there must be some, and one within the run.
+    (The run checks it before its first step, a job when it is rendered.)"""
+    if cfg.patience and not cfg.eval_every:
+        raise ConfigError(f"patience={cfg.patience} needs eval_every > 0 (it counts validation passes), e.g. "
+                          "patience=3 eval_every=50")
     stop = "target_accuracy" if cfg.target_accuracy is not None else "patience" if cfg.patience else None
     if stop and cfg.eval_every > total_steps:
         raise ConfigError(f"{stop}={getattr(cfg, stop)} with eval_every={cfg.eval_every}: the run has {total_steps} "

@@ -25,6 +25,13 @@ from .config import TrainConfig, UserError, usable_cpus
 from .results import Result, load_result
 
 
+def torchrun_command(cfg: TrainConfig, nproc: int, command: str = "train", args: tuple = ()) -> list[str]:
+    """torchrun (on one node, its stores on 127.0.0.1: main below) and the CLI with the config as key=value:
+    tl.launch's command, and the GPU studies' (lessons/cases)."""
+    return [sys.executable, "-m", "tutorial_lib.launcher", "--standalone", f"--nproc_per_node={nproc}", "-m",
+            "tutorial_lib", command, *args, *cfg.to_overrides()]
+
+
 def launch(cfg: TrainConfig, nproc: int, extra_env: dict | None = None, timeout: float | None = None,
            command: str = "train", args: tuple = ()) -> Result | None:
     """Run `cfg` as DDP with `nproc` processes through torchrun, streaming their output into the cell
@@ -38,13 +45,12 @@ def launch(cfg: TrainConfig, nproc: int, extra_env: dict | None = None, timeout:
     checkpoints) and the error says so; interrupting the cell stops them the same way."""
     if not (isinstance(nproc, int) and not isinstance(nproc, bool) and nproc > 0):
         raise UserError(f"nproc={nproc!r} must be a positive whole number: the processes to start, e.g. nproc=2")
-    cfg = cfg.replace(parallel="ddp", progress=False)  # a progress bar can't stream through a pipe
-    words = ["--standalone", f"--nproc_per_node={nproc}", "-m", "tutorial_lib", command, *args, *cfg.to_overrides()]
-    print("$ torchrun " + " ".join(words), flush=True)
+    words = torchrun_command(cfg.replace(parallel="ddp", progress=False), nproc, command, args)  # no bar in a pipe
+    print("$ torchrun " + " ".join(words[3:]), flush=True)
     threads = max(1, usable_cpus() // nproc)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), **(extra_env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "tutorial_lib.launcher", *words], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(words, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
     lines, timed_out = stream_until(proc, timeout)
     if timed_out:
         raise UserError(f"torchrun did not finish within timeout={timeout} s: its processes were stopped (a rank "

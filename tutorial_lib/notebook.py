@@ -8,6 +8,7 @@ from pathlib import Path
 
 from . import tensorboard
 from .config import ROOT
+from .lessons import size as sizes
 
 
 @dataclass
@@ -24,8 +25,8 @@ class Session:
 def setup(quiet: bool = False) -> Session:
     """chdir to the workbook root (so runs/, data/ and jobs/ are where the README says) and print a banner.
 
-    WORKBOOK_SIZE=small|full overrides the automatic choice (small without a GPU, full with one).
-    (Notebook 00 teaches it.)
+    WORKBOOK_SIZE=small|full overrides the automatic choice (small without a GPU, full with one): the one
+    size switch of the workbook, `lessons.size` (notebook 00 teaches it).
     """
     import torch
 
@@ -39,16 +40,26 @@ def setup(quiet: bool = False) -> Session:
     if proxy:
         os.environ.setdefault("TENSORBOARD_PROXY_URL", proxy + "%PORT%/")
     gpus = torch.cuda.device_count()
-    size = os.environ.get("WORKBOOK_SIZE", "full" if gpus else "small")
-    if size not in ("small", "full"):
-        from .config import UserError
-
-        raise UserError(f"WORKBOOK_SIZE={size!r} is not one of small, full")
-    s = Session("cuda" if gpus else "cpu", gpus, size == "small")
+    size = sizes.current()
+    s = Session("cuda" if gpus else "cpu", gpus, size.small)
     if not quiet:
         where = f"{gpus} GPU(s): {torch.cuda.get_device_name(0)}" if gpus else f"CPU only ({os.cpu_count()} cores)"
-        print(f"workbook ready | torch {torch.__version__} | {where} | sizes: {size}")
+        print(f"workbook ready | torch {torch.__version__} | {where} | sizes: {size.name}")
         if s.small:
             print("** SMALL SIZES: no GPU here, so runs are shortened to finish in seconds on a CPU. "
                   "The numbers show the method, not GPU performance. **")
     return s
+
+
+def gpus_for(session: Session, need: int, what: str, on_cpu: int = 2,
+             instead: str = "the figures below come from the reference run") -> int:
+    """How many GPUs a cell that needs at least `need` uses here: every GPU of a server that has enough; on a CPU,
+    `on_cpu` processes standing in for GPUs (gloo; 0: the cell means nothing without GPUs). Otherwise 0, after one
+    banner that says what the cell needs, what this server has, and what the notebook does `instead`."""
+    if session.device == "cpu" and on_cpu:
+        return on_cpu
+    if session.gpus >= need:
+        return session.gpus
+    have = f"{session.gpus} GPU{'s' if session.gpus > 1 else ''}" if session.gpus else "no GPU"
+    print(f"** {what} needs {need} GPUs; this server has {have}: {instead}. **")
+    return 0

@@ -53,8 +53,7 @@ def check_as_in_the_job(cfg: TrainConfig, world_size: int) -> None:
     queue fails here, with the same one-line error."""
     check_world(cfg.parallel, world_size)
     cfg.check_runtime("cpu" if cfg.device == "cpu" else "cuda", world_size, launched=world_size > 1)
-    if cfg.steps is not None:
-        check_eval_every(cfg, cfg.steps)
+    check_eval_every(cfg, cfg.steps or 2**62)  # steps unset: the epochs' steps are checked by the run
 
 
 def sweep_words(cfg: TrainConfig, points: list[dict[str, str]], base_out: str) -> list[dict]:
