@@ -26,20 +26,30 @@ def largest_gain(rows: list[dict], among: list[str] | None = None) -> tuple[str,
     return rung, ratio, said[rung]
 
 
-def engine_vs_bare(sizes: ladder.Sizes, pairs: int = 3, timed: int = 6, overrides: dict | None = None) -> dict:
+def engine_vs_bare(sizes: ladder.Sizes, pairs: int = 3, timed: int = 6, overrides: dict | None = None,
+                   threads: int | None = None) -> dict:
     """The last rung in the engine and in the bare loop, measured in `pairs` pairs in this process with the order
     alternating (engine first, then bare loop first, ...), each run with `timed` timed steps. Both runs of a pair
-    see the same machine, so other work on it moves both. Returns each pair's ratio (engine / bare loop img/s)
+    see the same machine, so other work on it moves both. `threads`: PyTorch's CPU threads during the pairs (1 on
+    a small shared CPU: every parallel operation waits for all its threads, so one thread that loses its core
+    stalls the whole step, in whichever run it happens). Returns each pair's ratio (engine / bare loop img/s)
     and the verdict: within noise when the range of the ratios (noise.FLOOR at least) holds 1."""
+    import torch
+
     plan = {rung.name: (rung, cfg) for rung, cfg, _ in ladder.configs(sizes, overrides, ladder.device_type(overrides))}
     (engine_rung, cfg), (bare_rung, _) = plan["gpu_resident"], plan["bare_loop"]
     cfg = cfg.replace(steps=cfg.timing_warmup + timed)
-    ratios, device = [], None
-    for i in range(pairs):
-        order = [(engine_rung, "engine"), (bare_rung, "bare")][:: 1 if i % 2 == 0 else -1]
-        got = {name: ladder.measure(rung, cfg) for rung, name in order}
-        ratios.append(got["engine"]["img_s"] / got["bare"]["img_s"])
-        device = got["engine"]["device"]
+    ratios, device, before = [], None, torch.get_num_threads()
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        for i in range(pairs):
+            order = [(engine_rung, "engine"), (bare_rung, "bare")][:: 1 if i % 2 == 0 else -1]
+            got = {name: ladder.measure(rung, cfg) for rung, name in order}
+            ratios.append(got["engine"]["img_s"] / got["bare"]["img_s"])
+            device = got["engine"]["device"]
+    finally:
+        torch.set_num_threads(before)
     spread = noise.spread_of(ratios)
     words = {"≈": "within noise: the engine runs as fast as the bare loop", "<": "the engine is slower than the bare loop",
              ">": "the engine is faster than the bare loop"}[noise.relation(spread, noise.Figure(1.0, 1.0, 1.0))]
