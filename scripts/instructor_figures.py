@@ -266,23 +266,26 @@ def plan() -> str:
 
 def write_headers(check: bool = False) -> list[str]:
     """Write (check: compare) the line of each notebook's first cell that says where and when its GPU figures
-    were verified (reference.banner). Only notebooks whose first cell has a '**GPU figures' line are written."""
+    were verified (reference.banner): in place of its '**GPU figures' paragraph, or after the '**Time:**' one."""
     import nbformat
 
     stale = []
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
-        first = nb.cells[0]["source"]
+        first, line = nb.cells[0]["source"], reference.banner(path)
         m = re.search(r"^\*\*GPU figures.*?(?=\n\n|\Z)", first, re.M | re.S)
-        if not m:
-            continue
-        line = reference.banner(path)
-        if m.group(0) == line:
+        if m and m.group(0) == line:
             continue
         stale.append(path.name)
-        if not check:
+        if check:
+            continue
+        if m:
             nb.cells[0]["source"] = first[:m.start()] + line + first[m.end():]
-            nbformat.write(nb, path)
+        else:
+            time = re.search(r"^\*\*Time:\*\*.*?(?=\n\n|\Z)", first, re.M | re.S)
+            at = time.end() if time else len(first)
+            nb.cells[0]["source"] = first[:at] + "\n\n" + line + first[at:]
+        nbformat.write(nb, path)
     return stale
 
 

@@ -166,16 +166,18 @@ NOTES = FOLDER / "README.md"  # why a reference run's torch differs from the loc
 LOCK = FOLDER.parents[1] / "requirements.lock"
 
 
-def names_for(notebook: str | os.PathLike, folder: str | os.PathLike | None = None) -> list[str]:
+def names_for(notebook: str | os.PathLike, folder: str | os.PathLike | None = None,
+              missing: bool = False) -> list[str]:
     """The reference files whose figures `notebook` shows: those named in its code (record, show, load) and
-    those named after it (`NN_*.json` for notebook `NN_...`), that exist."""
+    those named after it (`NN_*.json` for notebook `NN_...`) that exist; missing=True: those named in its code
+    that no run has written yet."""
     import re
 
     nb = Path(notebook)
-    text = nb.read_text()
-    named = set(re.findall(r'reference\.(?:record|show|load)\(\s*\\?["\']([\w.-]+)', text))
-    prefix = nb.stem.split("_", 1)[0] + "_"
-    named |= {p.stem for p in Path(folder or FOLDER).glob(prefix + "*.json")}
+    named = set(re.findall(r'reference\.(?:record|show|load)\(\s*\\?["\']([\w.-]+)', nb.read_text()))
+    if missing:
+        return sorted(n for n in named if not path(n, folder).is_file())
+    named |= {p.stem for p in Path(folder or FOLDER).glob(nb.stem.split("_", 1)[0] + "_*.json")}
     return sorted(n for n in named if path(n, folder).is_file())
 
 
@@ -208,9 +210,12 @@ def banner(notebook: str | os.PathLike, folder: str | os.PathLike | None = None,
            lock: str | os.PathLike | None = None, notes: str | os.PathLike | None = None) -> str:
     """The line a notebook's first cell carries: where and when its GPU figures were last verified (card, GPUs,
     torch, dates, file names), and why their torch is not the lock's, from the notes file."""
-    names = names_for(notebook, folder)
+    names, missing = names_for(notebook, folder), names_for(notebook, folder, missing=True)
+    later = (f" Not recorded yet: {', '.join(missing)} (its GPU study writes it; until then the cells that show it "
+             "say so)." if missing else "")
     if not names:
-        return "**GPU figures:** none; every figure in this notebook is measured by its own cells."
+        return ("**GPU figures:** none; every figure in this notebook is measured by its own cells." if not missing
+                else "**GPU figures:**" + later)
     groups: dict[tuple, list] = {}
     for name in names:
         rec = load(name, folder)
@@ -220,7 +225,7 @@ def banner(notebook: str | os.PathLike, folder: str | os.PathLike | None = None,
         dates = sorted({d for d, _ in runs})
         when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
         parts.append(f"{gpus}x {card}, torch {torch_version}, {when} ({', '.join(n for _, n in runs)})")
-    text = "**GPU figures** (from `notebooks/reference/`) were last verified on " + "; ".join(parts) + "."
+    text = "**GPU figures** (from `notebooks/reference/`) were last verified on " + "; ".join(parts) + "." + later
     pinned, said = lock_torch(lock), torch_notes(notes)
     for m in sorted({minor(t) for _, _, t in groups} - {minor(pinned)}):
         text += f" Why torch {m}, not the {pinned} of `requirements.lock`: {said.get(m, '(no note yet)')}"
