@@ -52,12 +52,13 @@ def test_engine_and_bare_loop_are_measured_in_alternated_pairs(monkeypatch, tmp_
 
     def fake_measure(rung, cfg):
         order.append(rung.name)
-        return {"img_s": 100.0 if rung.bare else 98.0, "device": "CPU (test)"}
+        return {"step_ms_p10": 10.0 if rung.bare else 10.2, "device": "CPU (test)"}
     monkeypatch.setattr(ladder, "measure", fake_measure)
     got = evidence.engine_vs_bare(TINY, pairs=3, timed=4, overrides={"out_dir": str(tmp_path), "device": "cpu"})
     assert order == ["gpu_resident", "bare_loop", "bare_loop", "gpu_resident", "gpu_resident", "bare_loop"]
-    assert got["ratios"] == [0.98] * 3 and got["verdict"].startswith("within noise") and got["timed_steps"] == 4
-    monkeypatch.setattr(ladder, "measure", lambda rung, cfg: {"img_s": 100.0 if rung.bare else 60.0, "device": "x"})
+    assert got["ratios"] == [pytest.approx(10 / 10.2)] * 3 and got["verdict"].startswith("within noise")
+    assert got["timed_steps"] == 4
+    monkeypatch.setattr(ladder, "measure", lambda rung, cfg: {"step_ms_p10": 10.0 if rung.bare else 16.0, "device": "x"})
     assert evidence.engine_vs_bare(TINY, pairs=2, overrides={"device": "cpu"})["verdict"] == "the engine is slower than the bare loop"
 
 

@@ -30,10 +30,12 @@ def engine_vs_bare(sizes: ladder.Sizes, pairs: int = 3, timed: int = 6, override
                    threads: int | None = None) -> dict:
     """The last rung in the engine and in the bare loop, measured in `pairs` pairs in this process with the order
     alternating (engine first, then bare loop first, ...), each run with `timed` timed steps. Both runs of a pair
-    see the same machine, so other work on it moves both. `threads`: PyTorch's CPU threads during the pairs (1 on
-    a small shared CPU: every parallel operation waits for all its threads, so one thread that loses its core
-    stalls the whole step, in whichever run it happens). Returns each pair's ratio (engine / bare loop img/s)
-    and the verdict: within noise when the range of the ratios (noise.FLOOR at least) holds 1."""
+    see the same machine, so other work on it moves both. Each run counts by its fast steps (p10 step time): a
+    loop's own cost is in every step, other work on the machine only in some. `threads`: PyTorch's CPU threads
+    during the pairs (1 on a small shared CPU: every parallel operation waits for all its threads, so one thread
+    that loses its core stalls the whole step, in whichever run it happens). Returns each pair's ratio (engine /
+    bare loop, images per second of the p10 step) and the verdict: within noise when the range of the ratios
+    (noise.FLOOR at least) holds 1."""
     import torch
 
     plan = {rung.name: (rung, cfg) for rung, cfg, _ in ladder.configs(sizes, overrides, ladder.device_type(overrides))}
@@ -46,7 +48,7 @@ def engine_vs_bare(sizes: ladder.Sizes, pairs: int = 3, timed: int = 6, override
         for i in range(pairs):
             order = [(engine_rung, "engine"), (bare_rung, "bare")][:: 1 if i % 2 == 0 else -1]
             got = {name: ladder.measure(rung, cfg) for rung, name in order}
-            ratios.append(got["engine"]["img_s"] / got["bare"]["img_s"])
+            ratios.append(got["bare"]["step_ms_p10"] / got["engine"]["step_ms_p10"])
             device = got["engine"]["device"]
     finally:
         torch.set_num_threads(before)
