@@ -240,6 +240,6 @@ def torch_problems(notebooks, folder: str | os.PathLike | None = None, lock: str
         for name in names_for(nb, folder):
             m = minor(load(name, folder)["torch"])
             if m != pinned and m not in said:
-                out.append(f"{name}.json was run with torch {m}, the lock pins {pinned}, and {Path(notes or NOTES).name} "
-                           f"has no line '- **{m}**: why'")
+                out.append(f"{name}.json was run with torch {m}, the lock pins {pinned}, and "
+                           f"{Path(notes or NOTES).name} has no line '- **{m}**: why'")
     return sorted(set(out))

@@ -113,7 +113,8 @@ def study(size, out: Path) -> dict[str, dict]:
     for name, cfg in runs.items():
         with GpuSampler() as gpu:
             t0 = time.perf_counter()
-            got = engine_run(cfg.replace(out_dir=str(out / name)), window if name == "engine_long" else size.pick(2, 10))
+            got = engine_run(cfg.replace(out_dir=str(out / name)),
+                             window if name == "engine_long" else size.pick(2, 10))
         figures.update({f"{name}_{k}": v for k, v in got.items() if k != "device"})
         figures["device"] = got["device"]
         if gpu.samples:  # the clock, power and temperature over the run: first and last tenth of it

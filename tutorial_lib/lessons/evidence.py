@@ -53,8 +53,8 @@ def engine_vs_bare(sizes: ladder.Sizes, pairs: int = 3, timed: int = 6, override
     finally:
         torch.set_num_threads(before)
     spread = noise.spread_of(ratios)
-    words = {"≈": "within noise: the engine runs as fast as the bare loop", "<": "the engine is slower than the bare loop",
-             ">": "the engine is faster than the bare loop"}[noise.relation(spread, noise.Figure(1.0, 1.0, 1.0))]
+    words = {"≈": "within noise: the engine runs as fast as the bare loop",
+             "<": "the engine is slower than the bare loop", ">": "the engine is faster than the bare loop"}[noise.relation(spread, noise.Figure(1.0, 1.0, 1.0))]
     return {"ratios": ratios, "median": spread.value, "low": spread.low, "high": spread.high, "verdict": words,
             "device": device, "timed_steps": timed}
 
@@ -67,7 +67,8 @@ def precision_runs(base: TrainConfig, precisions, seeds, out_dir: str = "runs/04
     runs = {}
     for precision in precisions:
         for seed in seeds:
-            cfg = base.replace(precision=precision, seed=seed, out_dir=f"{out_dir}/{precision}_seed{seed}", resume=False)
+            cfg = base.replace(precision=precision, seed=seed, resume=False,
+                               out_dir=f"{out_dir}/{precision}_seed{seed}")
             with contextlib.redirect_stdout(io.StringIO()):  # the runs' own validation lines
                 runs.setdefault(precision, []).append(engine.train(cfg))
     return runs
@@ -111,7 +112,8 @@ def precision_table(rows: list[dict], target: float) -> str:
     lines = [f"| precision | validation accuracy per seed | against fp32 | images to {100 * target:.0f}% | "
              "loss of the last steps | against fp32 |", "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        lines.append(f"| {r['precision']} | {seeds([100 * a for a in r['accuracy']], '.1f')} % | {r['accuracy_verdict']} "
+        accuracy = seeds([100 * a for a in r["accuracy"]], ".1f")
+        lines.append(f"| {r['precision']} | {accuracy} % | {r['accuracy_verdict']} "
                      f"| {seeds(r['images_to_target'], ',')} | {seeds(r['last_loss'], '.3f')} | {r['loss_verdict']} |")
     return "\n".join(lines)
 
@@ -144,7 +146,8 @@ def baseline_runs(folder=None) -> list[dict]:
             img_s = 1000 * batch / median
         else:
             row = next(r for r in f["rows"] if r["rung"] == "fp32")
-            batch, median, p10, p90, img_s = row["batch"], row["step_ms"], row["step_ms_p10"], row["step_ms_p90"], row["img_s"]
+            batch, median, p10, p90 = row["batch"], row["step_ms"], row["step_ms_p10"], row["step_ms_p90"]
+            img_s = row["img_s"]
         out.append({"name": name, "what": what, "card": rec["card"], "date": rec["date"], "torch": rec["torch"],
                     "median_ms": median, "figure": noise.step_band(img_s, median, p10, p90)})
     return out
@@ -178,16 +181,19 @@ def baseline_check_lines(folder=None) -> list[str]:
                 "python -m tutorial_lib study baseline --reference)"]
     f = rec["figures"]
     lines = [f"In one process on {reference.where(rec)} (python -m tutorial_lib study baseline):",
-             f"  by hand, cuDNN autotuner off {f['by_hand_benchmark_off_ms']:.1f} ms, on {f['by_hand_benchmark_on_ms']:.1f} ms"]
+             f"  by hand, cuDNN autotuner off {f['by_hand_benchmark_off_ms']:.1f} ms, "
+             f"on {f['by_hand_benchmark_on_ms']:.1f} ms"]
     for name, what in (("engine_60", "60 steps"), ("engine_rung", "04's rung"), ("engine_long", "1,500 steps")):
         band = noise.step_band(f[f"{name}_img_s"], f[f"{name}_median_ms"], f[f"{name}_p10_ms"], f[f"{name}_p90_ms"])
         lines.append(f"  engine, {what:12s} median step {f[f'{name}_median_ms']:.1f} ms, {band.value:,.0f} img/s "
                      f"(±{100 * band.spread:.0f}%)")
     windows = f.get("engine_long_window_ms") or []
     if windows:
-        lines.append(f"  the 1,500-step run window by window: first {windows[0]:.1f} ms, last {windows[-1]:.1f} ms per step")
+        lines.append(f"  the 1,500-step run window by window: first {windows[0]:.1f} ms, "
+                     f"last {windows[-1]:.1f} ms per step")
     if "engine_long_start_sm_clock_mhz" in f:
-        lines.append(f"  its GPU: SM clock {f['engine_long_start_sm_clock_mhz']:.0f} -> {f['engine_long_end_sm_clock_mhz']:.0f} "
+        lines.append(f"  its GPU: SM clock {f['engine_long_start_sm_clock_mhz']:.0f} -> "
+                     f"{f['engine_long_end_sm_clock_mhz']:.0f} "
                      f"MHz, power {f['engine_long_start_power_w']:.0f} -> {f['engine_long_end_power_w']:.0f} W, "
                      f"{f['engine_long_start_temperature_c']:.0f} -> {f['engine_long_end_temperature_c']:.0f} C")
     return lines
