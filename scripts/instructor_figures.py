@@ -251,7 +251,9 @@ def plan() -> str:
     return "\n".join(rows + [
         "",
         f"**One day, the core path:** {core:.0f} min of contact time ({core / 60:.1f} h, breaks excluded), which "
-        f"{fits} a day of {DAY_MINUTES // 60} h {DAY_MINUTES % 60:02d}. Morning {span(morning)} "
+        f"{fits} a day of {DAY_MINUTES // 60} h {DAY_MINUTES % 60:02d}"
+        + (f", leaving {DAY_MINUTES - core:.0f} min for optional sections of your choice" if core <= DAY_MINUTES else "")
+        + f". Morning {span(morning)} "
         f"({total(morning, 'core'):.0f} min), afternoon {span(afternoon)} ({total(afternoon, 'core'):.0f} min). "
         "Skip the optional sections' discussion, not their cells: run them without explaining (later cells may use "
         "what they made) and point learners to them for later.",
