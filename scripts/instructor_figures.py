@@ -4,6 +4,9 @@
     python scripts/instructor_figures.py           # after new timings or GPU reference files
     python scripts/instructor_figures.py --check   # exit 1 when the guide differs from what its sources give
 
+It also writes each notebook's first-cell line on where its GPU figures were verified (tutorial_lib.reference.banner),
+and computes the workshop's time plan: every notebook's core and optional minutes, counted one way (TIME MODEL below).
+
 Sources, never typed by hand:
     docs/notebook_timings.json   each notebook's CPU run (scripts/run_notebooks.py --timings ...)
     docs/notebook_timings_gpu.json   its run at full size on a GPU node (timings.json of scripts/gpu/notebooks.sh)
@@ -25,6 +28,116 @@ TIMINGS = ROOT / "docs" / "notebook_timings.json"
 GPU_TIMINGS = ROOT / "docs" / "notebook_timings_gpu.json"  # the same, from scripts/gpu/notebooks.sh on a GPU node
 PLANNED = ("00_setup", "01_single_gpu", "02_profiling", "03_data_loading", "04_mixed_precision", "05_dp_vs_ddp",
            "06_scaling")  # the README's seven; a notebook not written yet gets a row its author fills
+
+# ---------------------------------------------------------------------------------------------------- TIME MODEL
+# A notebook's time in a workshop, counted the same way for every notebook: its markdown read aloud at
+# WORDS_PER_MINUTE, a minute per code cell (run it, look at what it printed), and the cell's compute on a GPU
+# node from docs/notebook_timings_gpu.json. A section whose heading ends with "(optional)" is optional up to the
+# next heading of the same or a higher level; the rest is core. Each notebook's first cell states the result as
+# "**Time:** core about N min, optional about M min."; tests/test_notebook_rules.py recomputes it.
+WORDS_PER_MINUTE = 130
+MINUTES_PER_CODE_CELL = 1.0
+DAY_MINUTES = 330  # a one-day workshop's contact time on a GPU node, breaks excluded: 5 h 30
+TIME_LINE = re.compile(r"\*\*Time:\*\* core about (\d+) min, optional about (\d+) min\b")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$", re.M)
+WORD = re.compile(r"[A-Za-z0-9][\w'’.+-]*")
+
+
+def _cells(name: str) -> list[dict]:
+    path = ROOT / "notebooks" / f"{name}.ipynb"
+    return json.loads(path.read_text())["cells"] if path.is_file() else []
+
+
+def _first_line(source: str) -> str:
+    lines = [x for x in source.splitlines() if x.strip() and not x.startswith("# NBVAL")]
+    return lines[0][:80] if lines else ""
+
+
+def gpu_seconds(name: str, cells: list[dict] | None = None) -> dict[int, float]:
+    """Cell index -> seconds its code took on a GPU node: the slowest cells by their first line, the rest of the
+    notebook's time shared evenly by the other code cells (0 everywhere when it was never timed there)."""
+    cells = _cells(name) if cells is None else cells
+    code = [i for i, c in enumerate(cells) if c["cell_type"] == "code"]
+    runs = json.loads(GPU_TIMINGS.read_text())["notebooks"] if GPU_TIMINGS.is_file() else {}
+    run = runs.get(name)
+    if run is None or not code:
+        return dict.fromkeys(code, 0.0)
+    out, named = {}, 0.0
+    for _, seconds, text in run["slowest"]:
+        match = next((i for i in code if i not in out and _first_line("".join(cells[i]["source"])) == text), None)
+        if match is not None:
+            out[match], named = seconds, named + seconds
+    rest = [i for i in code if i not in out]
+    share = max(0.0, run["seconds"] - named) / len(rest) if rest else 0.0
+    return {**out, **{i: share for i in rest}}
+
+
+def _headings(markdown: str) -> list:
+    """The heading matches of a markdown cell, leaving out lines inside ``` code fences (a '# comment' there)."""
+    fenced, inside, offset = [], False, 0
+    for line in markdown.splitlines(keepends=True):
+        if line.lstrip().startswith("```"):
+            inside = not inside
+        if inside or line.lstrip().startswith("```"):
+            fenced.append((offset, offset + len(line)))
+        offset += len(line)
+    return [m for m in HEADING.finditer(markdown) if not any(a <= m.start() < b for a, b in fenced)]
+
+
+def minutes(name: str) -> dict:
+    """{"core": min, "optional": min, "optional_sections": [titles]} of a notebook by the TIME MODEL."""
+    cells = _cells(name)
+    gpu = gpu_seconds(name, cells)
+    totals, titles = {"core": 0.0, "optional": 0.0}, []
+    stack: list[tuple[int, bool]] = []  # open headings: (level, optional)
+
+    def optional() -> bool:
+        return any(opt for _, opt in stack)
+
+    for i, cell in enumerate(cells):
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code":
+            totals["optional" if optional() else "core"] += MINUTES_PER_CODE_CELL + gpu.get(i, 0.0) / 60
+            continue
+        if cell["cell_type"] != "markdown":
+            continue
+        pos = 0
+        for m in _headings(source) + [None]:
+            text = source[pos:m.start() if m else len(source)]
+            totals["optional" if optional() else "core"] += len(WORD.findall(text)) / WORDS_PER_MINUTE
+            if m is None:
+                break
+            level, title = len(m.group(1)), m.group(2)
+            while stack and stack[-1][0] >= level:
+                stack.pop()
+            stack.append((level, title.endswith("(optional)")))
+            if title.endswith("(optional)"):
+                titles.append(title)
+            totals["optional" if optional() else "core"] += len(WORD.findall(title)) / WORDS_PER_MINUTE
+            pos = m.end()
+    return {**{k: round(v, 1) for k, v in totals.items()}, "optional_sections": titles}
+
+
+def stated(name: str) -> tuple[int, int] | None:
+    """(core, optional) minutes a notebook's first cell states, or None."""
+    cells = _cells(name)
+    m = TIME_LINE.search("".join(cells[0]["source"])) if cells else None
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def gpu_cells(name: str) -> dict[int, str]:
+    """Cell index -> how many GPUs it uses when it has them: '2+' where it tests for at least two, 'all' where it
+    uses every GPU of the node (tl.launch, DataParallel on every GPU, a sweep over the GPU counts)."""
+    out = {}
+    for i, cell in enumerate(_cells(name)):
+        source = "".join(cell["source"]) if cell["cell_type"] == "code" else ""
+        at_least = re.findall(r"(?:S\.gpus|device_count\(\))\s*>=\s*(\d+)", source)
+        if at_least:
+            out[i] = f"{max(map(int, at_least))}+"
+        elif re.search(r"nproc\s*=|S\.gpus|NPROC|GPUS\b", source):
+            out[i] = "all"
+    return out
+
 
 
 def _markdown(name: str) -> list[str]:
@@ -108,7 +221,77 @@ def solutions() -> str:
     return "\n".join(rows)
 
 
-BLOCKS = {"timings": timings_table, "gpu-figures": gpu_figures, "solutions": solutions}
+def plan() -> str:
+    """The workshop's time plan from the TIME MODEL: core and optional minutes of every notebook, the one-day core
+    path, a two-day variant, and which cells use more than one GPU."""
+    names = sorted(set(PLANNED) | {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")})
+    names = [n for n in names if _cells(n)]
+    got = {n: minutes(n) for n in names}
+    rows = ["| notebook | core min | optional min | optional sections | its header says (core, optional) | "
+            "cells that use more than one GPU |", "| --- | ---: | ---: | --- | --- | --- |"]
+    for n in names:
+        m, said, gpus = got[n], stated(n), gpu_cells(n)
+        sections = "; ".join(t.removesuffix(" (optional)") for t in m["optional_sections"]) or "-"
+        rows.append(f"| {n} | {m['core']:.0f} | {m['optional']:.0f} | {sections} | "
+                    f"{'%d, %d' % said if said else 'no Time line'} | "
+                    f"{', '.join(f'cell {i} ({k})' for i, k in gpus.items()) or 'none'} |")
+    core, optional = sum(m["core"] for m in got.values()), sum(m["optional"] for m in got.values())
+    rows.append(f"| **all** | **{core:.0f}** | **{optional:.0f}** | | | |")
+    half, run, morning = core / 2, 0.0, []
+    for n in names:
+        if run + got[n]["core"] / 2 <= half:
+            morning.append(n)
+        run += got[n]["core"]
+    afternoon = [n for n in names if n not in morning]
+    day1 = [n for n in names if n[:2] <= "03"]
+    day2 = [n for n in names if n not in day1]
+    span = lambda ns: f"{ns[0][:2]}-{ns[-1][:2]}" if ns else "-"  # noqa: E731
+    total = lambda ns, *k: sum(got[n][x] for n in ns for x in k)  # noqa: E731
+    fits = "fits" if core <= DAY_MINUTES else "does NOT fit"
+    return "\n".join(rows + [
+        "",
+        f"**One day, the core path:** {core:.0f} min of contact time ({core / 60:.1f} h, breaks excluded), which "
+        f"{fits} a day of {DAY_MINUTES // 60} h {DAY_MINUTES % 60:02d}"
+        + (f", leaving {DAY_MINUTES - core:.0f} min for optional sections of your choice" if core <= DAY_MINUTES else "")
+        + f". Morning {span(morning)} "
+        f"({total(morning, 'core'):.0f} min), afternoon {span(afternoon)} ({total(afternoon, 'core'):.0f} min). "
+        "Skip the optional sections' discussion, not their cells: run them without explaining (later cells may use "
+        "what they made) and point learners to them for later.",
+        "",
+        f"**Two days, everything:** day 1 {span(day1)} with their optional sections "
+        f"({total(day1, 'core', 'optional'):.0f} min), day 2 {span(day2)} with theirs "
+        f"({total(day2, 'core', 'optional'):.0f} min); exercises fill the rest.",
+        "",
+        "**GPUs:** every notebook runs on a node with 0, 1, 2 or 4 GPUs; on one GPU, a cell of the last column shows "
+        "the reference run's figures or writes the job that runs it; `all` uses every GPU of the node."])
+
+
+def write_headers(check: bool = False) -> list[str]:
+    """Write (check: compare) the line of each notebook's first cell that says where and when its GPU figures
+    were verified (reference.banner): in place of its '**GPU figures' paragraph, or after the '**Time:**' one."""
+    import nbformat
+
+    stale = []
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        first, line = nb.cells[0]["source"], reference.banner(path)
+        m = re.search(r"^\*\*GPU figures.*?(?=\n\n|\Z)", first, re.M | re.S)
+        if m and m.group(0) == line:
+            continue
+        stale.append(path.name)
+        if check:
+            continue
+        if m:
+            nb.cells[0]["source"] = first[:m.start()] + line + first[m.end():]
+        else:
+            time = re.search(r"^\*\*Time:\*\*.*?(?=\n\n|\Z)", first, re.M | re.S)
+            at = time.end() if time else len(first)
+            nb.cells[0]["source"] = first[:at] + "\n\n" + line + first[at:]
+        nbformat.write(nb, path)
+    return stale
+
+
+BLOCKS = {"timings": timings_table, "plan": plan, "gpu-figures": gpu_figures, "solutions": solutions}
 
 
 def render(text: str) -> str:
@@ -128,13 +311,14 @@ def main() -> int:
     old = GUIDE.read_text()
     new = render(old)
     if args.check:
-        if new != old:
-            print("docs/instructor.md is stale (timings, reference files or notebooks changed): run "
-                  "python scripts/instructor_figures.py and commit it")
+        stale = write_headers(check=True)
+        if new != old or stale:
+            print("docs/instructor.md or the first cells of " + (", ".join(stale) or "no notebook") + " are stale "
+                  "(timings, reference files or notebooks changed): run python scripts/instructor_figures.py and commit")
             return 1
         return 0
     GUIDE.write_text(new)
-    print(f"wrote {GUIDE.relative_to(ROOT)}")
+    print(f"wrote {GUIDE.relative_to(ROOT)}" + "".join(f", the first cell of {n}" for n in write_headers()))
     return 0
 
 

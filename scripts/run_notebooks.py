@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+import re
+
 import nbclient
 import nbformat
 
@@ -33,9 +35,31 @@ def run(path: Path, dest: Path, timeout: int, keep_going: bool = False) -> float
     try:
         client.execute()
     finally:
+        coalesce_streams(nb)
         dest.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, dest)
     return time.time() - t0
+
+
+OVERWRITTEN = re.compile(r".*\r(?=[^\n])")  # a line's text up to its last carriage return
+
+
+def coalesce_streams(nb) -> None:
+    """Merge each cell's consecutive stdout (stderr) outputs into one and keep only what a "\\r" left on each
+    line: a progress bar writes its state again and again, and a browser shows only the last one."""
+    for cell in nb.cells:
+        merged = []
+        for out in cell.get("outputs", []):
+            if (out.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream"
+                    and merged[-1]["name"] == out["name"]):
+                merged[-1]["text"] += out["text"]
+            else:
+                merged.append(out)
+        for out in merged:
+            if out.get("output_type") == "stream" and "\r" in out["text"]:
+                out["text"] = OVERWRITTEN.sub("", out["text"])
+        if "outputs" in cell:
+            cell["outputs"] = merged
 
 
 def cell_errors(dest: Path) -> list[str]:

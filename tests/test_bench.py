@@ -134,3 +134,39 @@ def test_ddp_bench_on_two_ranks_reports_the_slowest(tmp_path):
     for f in r["figures"].values():
         assert len(f["per_rank_img_s"]) == 2
         assert f["img_s"] == pytest.approx(2 * min(f["per_rank_img_s"]))  # the job moves at its slowest rank's pace
+
+
+def windows(measure, img_s, low, high):
+    return Measurement(measure, img_s, low, high, 10, 20, 0, [img_s])
+
+
+def test_bursty_input_is_input_bound_not_launch_bound():
+    """03 on an H100, 8 workers: IO's mean is above SYNTHETIC but its slowest window is far below it, and FULL
+    falls between: the step waits for batches in the slow windows (not the host launching kernels)."""
+    figures = {"io": windows("io", 50_497, 13_338, 98_699), "synthetic": windows("synthetic", 34_772, 31_831, 36_504),
+               "full": windows("full", 20_689, 9_444, 30_335)}
+    kind, text = bench.verdict(figures, data.TrainConfig(num_workers=8), "cuda")
+    assert kind == "input" and text.startswith("input-bound in bursts"), text
+    assert "slowest window delivers 13,338" in text and "below the slower side" not in text
+    steady = {**figures, "io": windows("io", 50_497, 45_000, 56_000)}  # the same mean, every window above SYNTHETIC
+    assert bench.bound(steady) == "launch"
+
+
+def test_full_above_synthetic_within_the_spread_is_equal_and_beyond_it_is_flagged():
+    io_ = windows("io", 730_422, 299_233, 896_188)
+    syn = windows("synthetic", 32_179, 27_497, 37_596)
+    kind, text = bench.verdict({"io": io_, "synthetic": syn, "full": windows("full", 33_014, 28_252, 36_078)},
+                               data.TrainConfig(loader="gpu_resident"), "cuda")
+    assert kind == "compute" and "FULL 33,014 (±12%) ≈ SYNTHETIC" in text and "unusual conditions" not in text
+    _, text = bench.verdict({"io": io_, "synthetic": syn, "full": windows("full", 48_000, 47_000, 49_000)},
+                            data.TrainConfig(loader="gpu_resident"), "cuda")
+    assert "above the slower side by more than the windows' spread" in text
+
+
+def test_a_verdict_can_be_judged_again_from_a_reference_row():
+    f = {"w_io": 9_000.0, "w_io_low": 8_000.0, "w_io_high": 10_000.0, "w_synthetic": 30_000.0,
+         "w_synthetic_low": 29_000.0, "w_synthetic_high": 31_000.0, "w_full": 8_800.0, "w_full_low": 8_000.0,
+         "w_full_high": 9_500.0}
+    figures = bench.from_reference(f, "w")
+    assert set(figures) == set(bench.MEASURES) and figures["io"].img_s_low == 8_000.0
+    assert bench.bound(figures) == "input"

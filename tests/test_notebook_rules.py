@@ -2,9 +2,12 @@
 an answer for every question, TensorBoard stopped by the notebook that starts it, Slurm submission opt-in."""
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
+
+from tutorial_lib import reference
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -30,7 +33,8 @@ def test_typed_gpu_figures_are_found():
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_no_gpu_figure_is_typed_into_markdown(notebook):
-    typed = [s for kind, text in cells(notebook) if kind == "markdown" for s in typed_gpu_figures(text)]
+    typed = [s for kind, text in cells(notebook) if kind == "markdown" for s in typed_gpu_figures(text)
+             if s != reference.banner(notebook)]  # the first cell's line on the reference runs is generated
     assert not typed, f"{notebook.name}: GPU figures typed by hand (record and show them with tl.reference): {typed}"
 
 
@@ -58,6 +62,200 @@ def test_submitting_to_slurm_is_opt_in(notebook):
         assert any(re.search(r"^SUBMIT = False", t, re.M) for t in code), \
             f"{notebook.name} submits a job: make it opt-in with SUBMIT = False in the parameters cell"
         assert not any(".wait(" in t for t in code), f"{notebook.name} blocks the kernel on a job (job.wait)"
+
+
+# ---------------------------------------------------------------------------------------- the workshop day
+sys.path.insert(0, str(ROOT / "scripts"))
+import instructor_figures as plan  # noqa: E402  (the TIME MODEL, one home for the guide and these tests)
+
+sys.path.remove(str(ROOT / "scripts"))
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_header_states_the_minutes_the_time_model_counts(notebook):
+    """**Time:** core about N min, optional about M min. -- within 20% (and a minute of rounding) of what the
+    notebook holds: its words read aloud, a minute per code cell, its cells' compute on a GPU node."""
+    said = plan.stated(notebook.stem)
+    assert said, f"{notebook.name}: its first cell lacks '**Time:** core about N min, optional about M min.'"
+    got = plan.minutes(notebook.stem)
+    for kind, minutes in zip(("core", "optional"), said):
+        assert abs(minutes - got[kind]) <= 0.2 * got[kind] + 1, (
+            f"{notebook.name} says {kind} about {minutes} min; its cells count {got[kind]:.0f} min "
+            f"({plan.WORDS_PER_MINUTE} words a minute, a minute per code cell, GPU compute): fix the header or the text")
+
+
+def test_the_core_path_fits_one_workshop_day():
+    core = {nb.stem: plan.minutes(nb.stem)["core"] for nb in NOTEBOOKS}
+    assert sum(core.values()) <= plan.DAY_MINUTES, (
+        f"the core path takes {sum(core.values()):.0f} min, over the day's {plan.DAY_MINUTES}: mark sections "
+        f"'(optional)' or shorten them ({', '.join(f'{k} {v:.0f}' for k, v in core.items())})")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_optional_is_said_at_the_end_of_a_heading(notebook):
+    """The convention the time model reads: '(optional)' ends a heading, and nowhere else marks a section."""
+    for kind, text in cells(notebook):
+        for line in text.splitlines() if kind == "markdown" else []:
+            if "(optional)" in line and line.startswith("#"):
+                assert line.rstrip().endswith("(optional)"), f"{notebook.name}: {line!r} (put '(optional)' at the end)"
+
+
+def test_the_time_model_counts_words_cells_gpu_seconds_and_optional_sections(tmp_path, monkeypatch):
+    md = lambda s: {"cell_type": "markdown", "source": s}  # noqa: E731
+    code = lambda s: {"cell_type": "code", "source": s, "outputs": []}  # noqa: E731
+    words = lambda n: " ".join(["word"] * n)  # noqa: E731
+    (tmp_path / "notebooks").mkdir()
+    nb = {"cells": [md(f"# T\n\n{words(127)}"), code("slow()"), md(f"## 1. More (optional)\n\n{words(258)}"),
+                    code("x = 1"), md("```python\n# not a heading\n```"), md(f"## 2. Back\n\n{words(128)}"), code("y")]}
+    (tmp_path / "notebooks" / "99_t.ipynb").write_text(json.dumps(nb))
+    (tmp_path / "gpu.json").write_text(json.dumps({"notebooks": {"99_t": {"seconds": 150.0, "slowest": [[1, 120.0, "slow()"]]}}}))
+    monkeypatch.setattr(plan, "ROOT", tmp_path)
+    monkeypatch.setattr(plan, "GPU_TIMINGS", tmp_path / "gpu.json")
+    got = plan.minutes("99_t")
+    # core: 1 + 127 words, the code cell (1 min + its 120 s), 3 + 128 words, a cell (1 min + 15 s of the rest)
+    assert got["core"] == pytest.approx(128 / 130 + 3 + 131 / 130 + 1.25, abs=0.05)
+    # optional: 3 + 258 words, a cell (1 min + 15 s), the fenced comment: 3 words
+    assert got["optional"] == pytest.approx(261 / 130 + 1.25 + 3 / 130, abs=0.05)
+    assert got["optional_sections"] == ["1. More (optional)"]
+
+
+# ---------------------------------------------------------------------------------------- prose against figures
+def _sentence(notebook: str, words: str) -> str:
+    text = " ".join(" ".join(t for k, t in cells(ROOT / "notebooks" / f"{notebook}.ipynb") if k == "markdown").split())
+    assert words in text, f"{notebook}: the sentence {words!r} is gone; update its check in CLAIMS"
+    return words
+
+
+def _rows(card: str) -> list:
+    return reference.load(f"04_ladder_{card}")["figures"]["rows"]
+
+
+def _eager_gain(card):
+    from tutorial_lib.lessons import evidence
+
+    return evidence.largest_gain(_rows(card), ["tf32", "bf16", "channels_last", "fused_adamw"])[0] == "tf32"
+
+
+def _verdict(card, rung):
+    from tutorial_lib.lessons import ladder
+
+    return ladder.verdicts(_rows(card))[rung]
+
+
+def _compile_gains_nothing(card):
+    from tutorial_lib.lessons import ladder
+
+    return " faster " not in ladder.verdicts(_rows(card))["compile"]
+
+
+def _mfu_falls_while_faster(card):
+    got = {r["rung"]: r for r in _rows(card) if not r["skipped"]}
+    return got["bf16"]["img_s"] > got["fp32"]["img_s"] and got["bf16"]["mfu"] < got["fp32"]["mfu"]
+
+
+def _lines_follow_the_gpu():
+    lines, steps = reference.load("02_line_profile")["figures"], reference.load("02_step_breakdown")["figures"]
+    return sum(lines.values()) > 0.5 * steps["fp32_unprofiled_step_ms"]
+
+
+def _host_bound_step_pays_more_for_the_profiler():
+    f = reference.load("02_step_breakdown")["figures"]
+    ratio = lambda p: f[f"{p}_profiled_step_ms"] / f[f"{p}_unprofiled_step_ms"]  # noqa: E731
+    return ratio("bf16") > ratio("fp32") and f["bf16_idle_ms"] > f["bf16_compute_ms"]
+
+
+def _unsynced_is_a_fraction():
+    f = reference.load("01_sync_timing")["figures"]
+    return f["unsynced_ms"] < 0.7 * f["synced_median_ms"]
+
+
+def _submitters_are(*numbers):
+    code = {nb.stem[:2]: " ".join(t for k, t in cells(nb) if k == "code") for nb in NOTEBOOKS}
+    return sorted(n for n, text in code.items() if "jobs.submit(" in text) == list(numbers)
+
+
+def _bursty_rows_are_input_bound():
+    from tutorial_lib.lessons import bench
+
+    f = reference.load("03_loader_ladder")["figures"]
+    rows = {k: bench.from_reference(f, k) for k in ("workers", "pinned", "gpu_resident")}
+    return all(bench.bound(rows[k]) == "input" for k in ("workers", "pinned")) \
+        and bench.bound(rows["gpu_resident"]) == "compute"
+
+
+# (notebook, words of a sentence that names a direction, the check of the figures it stands beside, on every card)
+CLAIMS = [
+    ("04_mixed_precision", "moving fp32 onto them is the change that counts",
+     lambda: all(_eager_gain(c) for c in ("h100", "h200"))),
+    ("04_mixed_precision", "so on a launch-bound step it gains little or nothing",
+     lambda: all(_compile_gains_nothing(c) for c in ("h100", "h200"))),
+    ("04_mixed_precision", "a rung can get faster while its MFU falls",
+     lambda: all(_mfu_falls_while_faster(c) for c in ("h100", "h200"))),
+    ("02_profiling", "forward, backward and optimizer add up to most of the step", _lines_follow_the_gpu),
+    ("02_profiling", "where the host is the limit (a launch-bound step), every extra microsecond of host work is a "
+                     "microsecond more per step", _host_bound_step_pays_more_for_the_profiler),
+    ("01_single_gpu", "the time Python took to *queue* the step's kernels, a fraction of the real step",
+     _unsynced_is_a_fraction),
+    ("03_data_loading", "the loader keeps up on average, not all the time, and the step waits in its slow spells",
+     _bursty_rows_are_input_bound),
+    ("00_setup", "notebooks 01, 05 and 06 also submit theirs from a cell", lambda: _submitters_are("01", "05", "06")),
+    ("04_mixed_precision", "Batch 1024 is faster per image than batch 256.",
+     lambda: all(" slower " in _verdict(c, "last_small_batch") for c in ("h100", "h200"))),
+    ("03_data_loading", "notebook 04 makes it several times faster",
+     lambda: all(reference.load(f"04_ladder_{c}")["figures"]["last_speedup"] > 3 for c in ("h100", "h200"))),
+]
+
+
+@pytest.mark.parametrize("notebook, words, check", CLAIMS, ids=[f"{n[:2]}: {w[:40]}" for n, w, _ in CLAIMS])
+def test_a_sentence_that_names_a_direction_agrees_with_the_reference_figures(notebook, words, check):
+    """Prose against the figures beside it: each sentence of learner text that states which way a GPU figure
+    goes is checked against every reference run it stands beside; a new reference run that turns the direction
+    around fails here, and the sentence must change with it."""
+    _sentence(notebook, words)
+    assert check(), f"{notebook}: {words!r} no longer agrees with notebooks/reference/"
+
+
+def test_no_markdown_types_a_measured_ratio_beside_a_direction():
+    """A ratio or percentage typed next to 'faster'/'slower' is a figure a noisy run decides: print it from a cell."""
+    typed = re.compile(r"\d[\d.,]*\s*(x|×|%|times)\s+(faster|slower)\b|\b(faster|slower)\b by \d", re.I)
+    found = [(nb.name, m.group(0)) for nb in NOTEBOOKS[:5] for kind, text in cells(nb) if kind == "markdown"
+             for m in typed.finditer(re.sub(r"```.*?```", "", text, flags=re.S))]
+    assert not found, found
+
+
+def test_the_readme_table_lists_every_notebook_as_written():
+    """The README's table: one row per notebook present, none of them marked '(planned)'."""
+    rows = re.findall(r"^\| (\d\d) \| `(\w+)`( \(planned\))? \|", (ROOT / "README.md").read_text(), re.M)
+    listed = {name: planned for _, name, planned in rows}
+    for nb in NOTEBOOKS:
+        assert nb.stem in listed, f"README.md's table lacks {nb.stem}"
+        assert not listed[nb.stem], f"README.md marks {nb.stem} '(planned)', but it is written"
+
+
+def outputs(notebook: Path) -> list[tuple[str, list]]:
+    return [("".join(c["source"]), c.get("outputs", [])) for c in json.loads(notebook.read_text())["cells"]
+            if c["cell_type"] == "code"]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_reference_figures_are_shown_once(notebook):
+    """tl.reference.show prints the figures; a cell that also echoed a value would show them a second time."""
+    for source, outs in outputs(notebook):
+        if "reference.show(" in source:
+            echoed = [o for o in outs if o.get("output_type") == "execute_result"]
+            assert not echoed, f"{notebook.name}: a cell with reference.show also echoes a value: {source[:80]!r}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stored_outputs_hold_a_progress_bars_last_state_only(notebook):
+    """scripts/run_notebooks.py keeps what a browser shows: one stream per run of outputs, no overwritten '\\r' text."""
+    for source, outs in outputs(notebook):
+        for a, b in zip(outs, outs[1:]):
+            assert not (a.get("output_type") == b.get("output_type") == "stream" and a["name"] == b["name"]), (
+                f"{notebook.name}: split stream outputs in {source[:60]!r}: run it with scripts/run_notebooks.py")
+        for o in outs:
+            text = "".join(o.get("text", "")) if o.get("output_type") == "stream" else ""
+            assert not re.search(r"\r(?!\n)", text.rstrip("\r")), f"{notebook.name}: a progress bar's old states in {source[:60]!r}"
 
 
 # ---------------------------------------------------------------------------------------- learner vocabulary

@@ -47,10 +47,48 @@ def test_stamp_and_stale_follow_the_recording_cells(tmp_path):
 def test_show_names_the_card_and_torch_and_refuses_unknown_keys(tmp_path, capsys):
     reference.write("demo", {"img_s": 8938.2}, script="s.sh", card="NVIDIA H200", gpus=4, torch_version="2.11.0",
                     folder=tmp_path)
-    assert reference.show("demo", ["img_s"], folder=tmp_path, units="img/s") == {"img_s": 8938.2}
+    assert reference.show("demo", ["img_s"], folder=tmp_path, units="img/s") is None  # a cell shows it once
     out = capsys.readouterr().out
-    assert "4x NVIDIA H200, torch 2.11.0" in out and "8,938 img/s" in out
+    assert "4x NVIDIA H200, torch 2.11.0" in out and out.count("8,938 img/s") == 1
     with pytest.raises(UserError, match="no figure 'nope'"):
         reference.show("demo", ["nope"], folder=tmp_path)
     assert reference.show("missing", folder=tmp_path) is None
     assert "no GPU reference run recorded yet" in capsys.readouterr().out
+
+
+def first_cell(notebook: Path) -> str:
+    return "".join(json.loads(notebook.read_text())["cells"][0]["source"])
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_first_cell_says_where_and_when_the_gpu_figures_were_verified(notebook):
+    line = reference.banner(notebook)
+    assert line in first_cell(notebook), (f"{notebook.name}: its first cell lacks the line {line!r}; "
+                                          "run python scripts/instructor_figures.py to write it")
+
+
+def test_every_reference_torch_other_than_the_locks_has_a_note():
+    problems = reference.torch_problems(NOTEBOOKS)
+    assert not problems, "; ".join(problems) + f" -> add the note to {reference.NOTES}"
+
+
+def test_banner_groups_runs_by_card_and_quotes_the_torch_note(tmp_path):
+    nb = tmp_path / "04_demo.ipynb"
+    nb.write_text(json.dumps({"cells": [{"cell_type": "code", "source": "tl.reference.show(\"other\")"}]}))
+    lock, notes = tmp_path / "requirements.lock", tmp_path / "README.md"
+    lock.write_text("torch==2.14.1\n")
+    notes.write_text("- **2.11**: the GPU nodes carry\n  torch 2.11 only.\n")
+    for name, card, date in (("04_demo", "NVIDIA H100", "2026-11-26"), ("04_demo_b", "NVIDIA H100", "2026-11-27"),
+                             ("other", "NVIDIA H200", "2026-11-25")):
+        reference.write(name, {"x": 1.0}, script="s", card=card, gpus=1, torch_version="2.11.0+cu130", folder=tmp_path)
+        rec = json.loads((tmp_path / f"{name}.json").read_text())
+        (tmp_path / f"{name}.json").write_text(json.dumps({**rec, "date": date}))
+    text = reference.banner(nb, tmp_path, lock, notes)
+    assert "1x NVIDIA H100, torch 2.11.0+cu130, 2026-11-26 to 2026-11-27 (04_demo, 04_demo_b)" in text
+    assert "1x NVIDIA H200, torch 2.11.0+cu130, 2026-11-25 (other)" in text
+    assert "Why torch 2.11, not the 2.14.1 of `requirements.lock`: the GPU nodes carry torch 2.11 only." in text
+    assert reference.torch_problems([nb], tmp_path, lock, notes) == []
+    notes.write_text("")
+    assert "04_demo.json was run with torch 2.11, the lock pins 2.14" in reference.torch_problems([nb], tmp_path, lock, notes)[0]
+    lock.write_text("torch==2.11.3\n")
+    assert reference.torch_problems([nb], tmp_path, lock, notes) == []

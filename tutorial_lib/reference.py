@@ -145,14 +145,15 @@ def where(record: dict[str, Any]) -> str:
 
 
 def show(name: str, keys: list[str] | tuple[str, ...] | None = None, fmt: str = "{:,.0f}", units: str = "",
-         folder: str | os.PathLike | None = None) -> dict[str, Any] | None:
-    """Print the reference figures `keys` (all when None) of `name` with where they were measured; returns
-    the figures, or None (and a sentence saying so) when no GPU run has written them yet."""
+         folder: str | os.PathLike | None = None) -> None:
+    """Print the reference figures `keys` (all when None) of `name` with where they were measured, once (it
+    returns nothing, so a cell ending with it shows the figures once; `load(name)` gives them to code), or a
+    sentence saying that no GPU run has written them yet."""
     record = load(name, folder)
     if record is None:
         print(f"(no GPU reference run recorded yet for {name}: run scripts/gpu/ on a GPU node to write "
               f"notebooks/reference/{name}.json)")
-        return None
+        return
     figures = record["figures"]
     chosen = list(figures) if keys is None else list(keys)
     unknown = [k for k in chosen if k not in figures]
@@ -164,4 +165,87 @@ def show(name: str, keys: list[str] | tuple[str, ...] | None = None, fmt: str = 
         v = figures[k]
         text = fmt.format(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
         print(f"  {k:<{width}}  {text}{' ' + units if units else ''}")
-    return {k: figures[k] for k in chosen}
+
+
+# ------------------------------------------------------------------------ where a notebook's GPU figures come from
+NOTES = FOLDER / "README.md"  # why a reference run's torch differs from the lock's: "- **2.11**: why"
+LOCK = FOLDER.parents[1] / "requirements.lock"
+
+
+def names_for(notebook: str | os.PathLike, folder: str | os.PathLike | None = None,
+              missing: bool = False) -> list[str]:
+    """The reference files whose figures `notebook` shows: those named in its code (record, show, load) and
+    those named after it (`NN_*.json` for notebook `NN_...`) that exist; missing=True: those named in its code
+    that no run has written yet."""
+    import re
+
+    nb = Path(notebook)
+    named = set(re.findall(r'reference\.(?:record|show|load)\(\s*\\?["\']([\w.-]+)', nb.read_text()))
+    if missing:
+        return sorted(n for n in named if not path(n, folder).is_file())
+    named |= {p.stem for p in Path(folder or FOLDER).glob(nb.stem.split("_", 1)[0] + "_*.json")}
+    return sorted(n for n in named if path(n, folder).is_file())
+
+
+def minor(version: str) -> str:
+    """'2.11' for '2.11.0+cu130'."""
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def lock_torch(lock: str | os.PathLike | None = None) -> str:
+    """The torch version requirements.lock pins."""
+    import re
+
+    m = re.search(r"^torch==([\w.+]+)$", Path(lock or LOCK).read_text(), re.M)
+    if not m:
+        raise UserError(f"{lock or LOCK} pins no torch (a line torch==X.Y.Z)")
+    return m.group(1)
+
+
+def torch_notes(notes: str | os.PathLike | None = None) -> dict[str, str]:
+    """torch minor -> why reference runs used it rather than the lock's, from the notes file's '- **X.Y**: why'."""
+    import re
+
+    p = Path(notes or NOTES)
+    text = p.read_text() if p.is_file() else ""
+    found = re.finditer(r"^- \*\*(\d+\.\d+)\*\*: (.+(?:\n  +\S.*)*)", text, re.M)  # indented lines continue it
+    return {m.group(1): " ".join(m.group(2).split()) for m in found}
+
+
+def banner(notebook: str | os.PathLike, folder: str | os.PathLike | None = None,
+           lock: str | os.PathLike | None = None, notes: str | os.PathLike | None = None) -> str:
+    """The line a notebook's first cell carries: where and when its GPU figures were last verified (card, GPUs,
+    torch, dates, file names), and why their torch is not the lock's, from the notes file."""
+    names, missing = names_for(notebook, folder), names_for(notebook, folder, missing=True)
+    later = (f" Not recorded yet: {', '.join(missing)} (its GPU study writes it; until then the cells that show it "
+             "say so)." if missing else "")
+    if not names:
+        return ("**GPU figures:** none; every figure in this notebook is measured by its own cells." if not missing
+                else "**GPU figures:**" + later)
+    groups: dict[tuple, list] = {}
+    for name in names:
+        rec = load(name, folder)
+        groups.setdefault((rec.get("gpus", 1), rec["card"], rec["torch"]), []).append((rec["date"], name))
+    parts = []
+    for (gpus, card, torch_version), runs in groups.items():
+        dates = sorted({d for d, _ in runs})
+        when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+        parts.append(f"{gpus}x {card}, torch {torch_version}, {when} ({', '.join(n for _, n in runs)})")
+    text = "**GPU figures** (from `notebooks/reference/`) were last verified on " + "; ".join(parts) + "." + later
+    pinned, said = lock_torch(lock), torch_notes(notes)
+    for m in sorted({minor(t) for _, _, t in groups} - {minor(pinned)}):
+        text += f" Why torch {m}, not the {pinned} of `requirements.lock`: {said.get(m, '(no note yet)')}"
+    return text
+
+
+def torch_problems(notebooks, folder: str | os.PathLike | None = None, lock: str | os.PathLike | None = None,
+                   notes: str | os.PathLike | None = None) -> list[str]:
+    """Reference files whose torch minor differs from the lock's without a note saying why ([] when fine)."""
+    pinned, said, out = minor(lock_torch(lock)), torch_notes(notes), []
+    for nb in notebooks:
+        for name in names_for(nb, folder):
+            m = minor(load(name, folder)["torch"])
+            if m != pinned and m not in said:
+                out.append(f"{name}.json was run with torch {m}, the lock pins {pinned}, and "
+                           f"{Path(notes or NOTES).name} has no line '- **{m}**: why'")
+    return sorted(set(out))

@@ -25,13 +25,14 @@ from pathlib import Path
 
 import torch
 
+from . import noise
 from .. import data, distributed, engine
 from ..config import TrainConfig, UserError, usable_cpus
 from ..meters import StepClock
 from ..results import atomic_write_text
 
 MEASURES = ("io", "synthetic", "full")
-CLOSE = 0.10  # figures within 10% count as equal (≈): windows of one measure scatter by about that much
+CLOSE = 0.10  # IO and SYNTHETIC this close on average are balanced; FULL against them: noise.relation
 FULL_SIZES = {"shapes": 50_000, "shapes_hard": 50_000, "imagefolder": 50_000, "cifar10": 50_000, "cifar100": 50_000, "mnist": 60_000}
 
 
@@ -195,34 +196,79 @@ def _measure(run, env, measures, n_windows, window, warmup, prefetched, pool_siz
 
 
 # ---------------------------------------------------------------------------- verdict
+def figure(m: Measurement) -> noise.Figure:
+    """A measure as a figure with its band: the slowest to the fastest window (noise.FLOOR at least)."""
+    return noise.Figure.of(m.img_s, m.img_s_low, m.img_s_high)
+
+
+def from_reference(figures: dict, key: str) -> dict:
+    """The Measurements of one row of a reference file that stores `<key>_<measure>`, `_low` and `_high`
+    (notebook 03's 03_loader_ladder), to judge them again with today's rule."""
+    return {m: Measurement(m, figures[f"{key}_{m}"], figures[f"{key}_{m}_low"], figures[f"{key}_{m}_high"], 0, 0, 0, [])
+            for m in MEASURES if f"{key}_{m}" in figures}
+
+
+def bound(figures: dict) -> str | None:
+    """What bounds the run. IO against SYNTHETIC on average (within CLOSE: balanced), FULL against SYNTHETIC
+    window by window (noise.relation: overlapping bands are equal): "input" when IO is below SYNTHETIC, or when
+    FULL is below SYNTHETIC while IO's slowest window is too (the loader delivers in bursts and the step waits
+    in the slow ones); "launch" when FULL is below SYNTHETIC although IO keeps up in every window; "compute"
+    when SYNTHETIC is below IO and FULL reaches it; else "balanced"."""
+    if "io" not in figures or "synthetic" not in figures:
+        return None
+    io_, syn = figures["io"].img_s, figure(figures["synthetic"])
+    full = figure(figures["full"]) if "full" in figures else None
+    if io_ < (1 - CLOSE) * syn.value:
+        return "input"
+    if full is not None and noise.relation(full, syn) == "<":
+        return "input" if figures["io"].img_s_low < syn.low else "launch"
+    if syn.value < (1 - CLOSE) * io_:
+        return "compute"
+    return "balanced"
+
+
 def verdict(figures: dict, cfg: TrainConfig, device_type: str) -> tuple[str, str]:
-    """What bounds the run and a sentence with the figures (each with its window spread) and the knob to turn
-    next: "input" (IO below SYNTHETIC), "launch" (FULL well below SYNTHETIC while IO keeps up: the host
-    thread that runs the loop, launching the input's and the step's kernels, is the limit), "compute"
-    (SYNTHETIC below IO and FULL with it) or "balanced". Figures within CLOSE of each other count as equal."""
-    io_, syn = figures["io"].img_s, figures["synthetic"].img_s
-    full = figures["full"].img_s if "full" in figures else None
+    """What bounds the run (`bound`) and a sentence with the figures (each with its window spread) and the
+    knob to turn next. A FULL above the slower side by more than the spread is flagged: in a steady state the
+    loop can't outrun its input or its step, so one of the three was measured in unusual conditions."""
+    kind = bound(figures)
+    io_, syn = figure(figures["io"]), figure(figures["synthetic"])
+    full = figure(figures["full"]) if "full" in figures else None
     f = {m: _figure(fig) for m, fig in figures.items()}
-    if io_ < (1 - CLOSE) * syn:
+    bursts = kind == "input" and io_.value >= (1 - CLOSE) * syn.value
+    if bursts:
+        text = (f"input-bound in bursts: FULL {f['full']} < SYNTHETIC {f['synthetic']} img/s; IO averages "
+                f"{f['io']} but its slowest window delivers {figures['io'].img_s_low:,.0f}, below SYNTHETIC: the step "
+                f"waits for batches in the slow windows — {input_knob(cfg, device_type)}")
+    elif kind == "input":
         head = f"FULL {f['full']} {_relation(full, io_)} " if full else ""
-        bound, text = "input", f"input-bound: {head}IO {f['io']} < SYNTHETIC {f['synthetic']} img/s — {input_knob(cfg, device_type)}"
-    elif full is not None and full < (1 - 2 * CLOSE) * syn:
-        return "launch", (f"host/launch-bound: FULL {f['full']} is {100 * (1 - full / syn):.0f}% below SYNTHETIC "
-                          f"{f['synthetic']} img/s while IO {f['io']} keeps up: the CPU thread that runs the loop, "
-                          f"queuing the input's and the step's work, is the limit — {launch_knob(cfg, device_type)}")
-    elif syn < (1 - CLOSE) * io_:
+        text = f"input-bound: {head}IO {f['io']} < SYNTHETIC {f['synthetic']} img/s — {input_knob(cfg, device_type)}"
+    elif kind == "launch":
+        return "launch", (f"host/launch-bound: FULL {f['full']} is {100 * (1 - full.value / syn.value):.0f}% below "
+                          f"SYNTHETIC {f['synthetic']} img/s while IO {f['io']} keeps up in every window: the CPU thread "
+                          f"that runs the loop, queuing the input's and the step's work, is the limit — "
+                          f"{launch_knob(cfg, device_type)}")
+    elif kind == "compute":
         head = f"FULL {f['full']} {_relation(full, syn)} " if full else ""
-        bound, text = "compute", (f"compute-bound: {head}SYNTHETIC {f['synthetic']} < IO {f['io']} img/s — "
-                                  f"{compute_knob(cfg, device_type)}")
+        text = (f"compute-bound: {head}SYNTHETIC {f['synthetic']} < IO {f['io']} img/s — "
+                f"{compute_knob(cfg, device_type)}")
+        if full is not None and figures["io"].img_s_low < syn.low:
+            text += (f". IO's slowest window ({figures['io'].img_s_low:,.0f}) is below SYNTHETIC: the batches the "
+                     "loader had queued bridged it this time; a longer slow spell would stall the step")
     else:
         tail = f", FULL {f['full']}" if full else ""
-        bound, text = "balanced", (f"balanced: IO {f['io']} ≈ SYNTHETIC {f['synthetic']} img/s{tail} — speeding up "
-                                   f"one side alone gains little: {input_knob(cfg, device_type)}; and "
-                                   f"{compute_knob(cfg, device_type)}")
-    if full is not None and full < (1 - 2 * CLOSE) * min(io_, syn):
-        text += (f". FULL is {100 * (1 - full / min(io_, syn)):.0f}% below the slower side: loading and the step "
-                 f"slow each other down ({_contention_hint(cfg, device_type)})")
-    return bound, text
+        text = (f"balanced: IO {f['io']} ≈ SYNTHETIC {f['synthetic']} img/s{tail} — speeding up one side alone "
+                f"gains little: {input_knob(cfg, device_type)}; and {compute_knob(cfg, device_type)}")
+    if full is not None:
+        slower = min((io_, syn), key=lambda x: x.value)
+        rel = noise.relation(full, slower)
+        if rel == ">":
+            text += (". FULL is above the slower side by more than the windows' spread, which a steady loop can't "
+                     "be: one of the measures ran in unusual conditions (other work on the machine?); measure again")
+        elif rel == "<" and not bursts and full.value < (1 - 2 * CLOSE) * slower.value:
+            text += (f". FULL is {100 * (1 - full.value / slower.value):.0f}% below the slower side: loading and the "
+                     f"step slow each other down ({_contention_hint(cfg, device_type)})")
+    return kind, text
 
 
 def _figure(m: Measurement) -> str:
@@ -230,8 +276,8 @@ def _figure(m: Measurement) -> str:
     return f"{m.img_s:,.0f} (±{50 * (m.img_s_high - m.img_s_low) / m.img_s:.0f}%)"
 
 
-def _relation(a: float, b: float) -> str:
-    return "≈" if abs(a - b) <= CLOSE * max(a, b) else ("<" if a < b else ">")
+def _relation(a: noise.Figure, b: noise.Figure) -> str:
+    return noise.relation(a, b)
 
 
 def dataset_mb(cfg: TrainConfig) -> float:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import roofline
+from . import noise, roofline
 from .roofline import pct
 from ..config import TrainConfig, UserError, default_workers
 from ..results import Result, atomic_write_text
@@ -232,6 +232,39 @@ def add_speedups(rows: list[dict]) -> None:
             r["speedup"] = r["img_s"] / base if base else None
 
 
+def figure(r: dict) -> noise.Figure:
+    """A measured row's img/s with the spread of its step times (noise.step_band), noise.FLOOR at least."""
+    return noise.step_band(r["img_s"], r["step_ms"], r["step_ms_p10"], r["step_ms_p90"])
+
+
+def compared_with(rows: list[dict]) -> dict[str, str]:
+    """rung -> the measured row it changes: the row it is built on (`Rung.on`), else the last measured rung of
+    the ladder above it (a skipped rung adds nothing, so the row above it is the one that changed)."""
+    on = {r.name: r.on for r in rungs(GPU)}
+    out, above = {}, None
+    for r in rows:
+        if r["skipped"]:
+            continue
+        base = on.get(r["rung"]) or above
+        if base is not None and base != r["rung"]:
+            out[r["rung"]] = base
+        if on.get(r["rung"]) is None:
+            above = r["rung"]
+    return out
+
+
+def verdicts(rows: list[dict]) -> dict[str, str]:
+    """rung -> its img/s against the row it changes, with the verdict of noise.versus: 'x2.14, faster than
+    fp32' or 'x1.07, within noise of bf16' (the bands of their step times overlap)."""
+    got = {r["rung"]: r for r in rows if not r["skipped"]}
+    out = {}
+    for rung, base in compared_with(rows).items():
+        text = noise.versus(figure(got[rung]), figure(got[base]))
+        out[rung] = text.replace("within noise", f"within noise of {base}").replace("faster", f"faster than {base}") \
+            .replace("slower", f"slower than {base}")
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ as a batch job
 def job_sweep(sizes: Sizes, overrides: dict | None = None, device: str = "cuda") -> tuple[TrainConfig, list[dict]]:
     """The ladder as a job array (tl.jobs.write(..., sweep=points)): the base config, and one point per rung
@@ -275,14 +308,16 @@ def row_line(r: dict) -> str:
 
 def markdown(rows: list[dict]) -> str:
     """The ladder as a markdown table (the notebook, docs/performance.md and the GPU script print it)."""
-    head = ["rung", "change", "batch", "img/s", "x fp32", "step ms: median (p10-p90)", "data wait ms", "peak MB",
-            "MFU", "compile s", "loss after steps"]
+    head = ["rung", "change", "batch", "img/s", "x fp32", "against the row it changes", "step ms: median (p10-p90)",
+            "data wait ms", "peak MB", "MFU", "compile s", "loss after steps"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    said = verdicts(rows)
     for r in rows:
         if r["skipped"]:
-            cells = [r["rung"], r["change"], str(r["batch"]), f"skipped: {r['skipped']}", *[""] * 7]
+            cells = [r["rung"], r["change"], str(r["batch"]), f"skipped: {r['skipped']}", *[""] * 8]
         else:
             cells = [r["rung"], r["change"], str(r["batch"]), f"{r['img_s']:,.0f}", _fmt(r.get("speedup"), ".2f"),
+                     said.get(r["rung"], "-"),
                      f"{r['step_ms']:.2f} ({r['step_ms_p10']:.2f}-{r['step_ms_p90']:.2f})",
                      _fmt(r.get("data_wait_ms"), ".2f"), _fmt(r["peak_mb"], ",.0f"), _fmt(r["mfu"] and 100 * r["mfu"], ".1f", "n/a") +
                      ("%" if r["mfu"] else ""), _fmt(r["compile_s"], ".1f", "-"),

@@ -62,8 +62,9 @@ def roofline(cfg: TrainConfig, device: str, step_ms: float, kernels: list[dict])
     return out
 
 
-def roofline_lines(t: dict | None, name: str) -> list[str]:
-    """The trace's kernel classes against the card's peak (`roofline`), as a table and the sentence it supports."""
+def roofline_lines(t: dict | None, name: str, target: float | None = MFU_TARGET) -> list[str]:
+    """The trace's kernel classes against the card's peak (`roofline`), as a table and the sentence it supports;
+    with a `target` MFU (docs/performance.md), which limit keeps the step below it (None: no target, notebooks)."""
     if not t or not t.get("tensor_core_tflops"):
         return []
     peak, step = t["peak_tflops"], t["step_ms"]
@@ -81,11 +82,11 @@ def roofline_lines(t: dict | None, name: str) -> list[str]:
     tc_share, ceiling = t["classes_ms"][TENSOR_CORE] / step, t["tensor_core_tflops"] / peak
     out.append(f"\nThe whole step reaches {t['step_tflops']:,.0f} TFLOP/s ({pct(t['step_tflops'] / peak)} of peak). The "
                f"tensor-core kernels take {pct(tc_share)} of it at {pct(ceiling)} of peak: with every other kernel and "
-               "every gap gone, the step could reach no more than that. " + (
-                   f"That is below the {pct(MFU_TARGET)} target: the convolution kernels themselves, at these shapes "
+               "every gap gone, the step could reach no more than that. " + ("" if target is None else
+                   f"That is below the {pct(target)} target: the convolution kernels themselves, at these shapes "
                    "(32x32 images, 64 to 512 channels), are the first limit; removing the rest can't reach it."
-                   if ceiling < MFU_TARGET else
-                   f"That is above the {pct(MFU_TARGET)} target: the other {pct(1 - tc_share)} of the step (memory-bound "
+                   if ceiling < target else
+                   f"That is above the {pct(target)} target: the other {pct(1 - tc_share)} of the step (memory-bound "
                    "kernels and gaps) is what holds MFU below it."))
     if t.get("norm_class"):
         at_roof = t["norm_gb_per_step"] / t["bandwidth_tbs"]  # ms: the normalisation at the full bandwidth
@@ -105,7 +106,7 @@ def small_batch_lines(traces: dict) -> list[str]:
     if not (big.get("tensor_core_tflops") and small.get("tensor_core_tflops") and big.get("norm_tbs") and small.get("norm_tbs")):
         return []
     per_image = lambda t: 1000 * t["step_ms"] / t["batch"]  # noqa: E731  (µs)
-    return [f"\nPer image, batch {small['batch']} takes {per_image(small):.2f} µs of GPU time against {per_image(big):.2f} "
+    return [f"\nPer image, batch {small['batch']} takes {per_image(small):.2f} µs of step time against {per_image(big):.2f} "
             f"at batch {big['batch']} ({per_image(big) / per_image(small):.2f} of its speed). Both steps are graphs with "
             f"little idle time ({pct(small['shares']['idle'])} and {pct(big['shares']['idle'])}), so no host work is left to "
             f"remove: the kernels themselves are slower on a quarter of the rows. The convolutions reach "

@@ -37,6 +37,8 @@ class Study:
 
 STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("ladder", "ladder:study", "04", 1, "the optimization ladder rung by rung, and traces of its key rungs"),
+    Study("baseline", "baseline:study", "01", 1, "the fp32 baseline step by hand and in the engine, short and long "
+          "runs, beside the GPU's clock: why one configuration can read differently in 01, 02 and 04"),
     Study("dpddp", "dpddp:study", "05", 4, "DataParallel against DDP on 1, 2 and 4 GPUs, the trap, DDP's knobs"),
     Study("scaling", "scaling_study:study", "06", 4, "weak and strong scaling, the race to a target accuracy, the "
           "all-reduce's cost, notebook 01's baseline"),

@@ -1,0 +1,112 @@
+"""Notebook 04's sentences rest on computed verdicts: the one noise rule (lessons/noise.py), each ladder rung against
+the row it changes, the largest eager gain, the engine against the bare loop in alternated pairs, precisions
+judged by the spread of their seeds, and the baseline configuration's figures across notebooks."""
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from tutorial_lib import reference
+from tutorial_lib.lessons import evidence, ladder, noise, size, studies
+
+TINY = ladder.Sizes(batch=8, big_batch=16, steps=3, big_steps=3, warmup=1, model="resnet18_imagenet", train_size=64,
+                    budget_s=120)
+
+
+def test_two_figures_differ_only_when_their_bands_do_not_overlap():
+    a, b = noise.Figure.of(100.0, 95.0, 105.0), noise.Figure.of(108.0, 104.0, 112.0)
+    assert noise.relation(a, b) == "≈" and noise.versus(b, a) == "x1.08, within noise"
+    assert noise.relation(noise.Figure.of(100.0, 99.0, 101.0), noise.Figure.of(120.0, 119.0, 121.0)) == "<"
+    tight = noise.Figure.of(100.0, 100.0, 100.0)  # no band narrower than the floor: ±5%
+    assert (tight.low, tight.high) == (95.0, 105.0) and noise.relation(tight, noise.Figure.of(109.0)) == "≈"
+    assert noise.versus(noise.Figure.of(214.0), tight) == "x2.14, faster"
+    wide = noise.step_band(1000.0, 10.0, 8.0, 20.0)  # p90 twice the median: the band reaches half the figure
+    assert (wide.low, wide.high) == (500.0, 1250.0)
+    assert noise.spread_of([3.0, 1.0, 2.0], floor=0.0) == noise.Figure(2.0, 1.0, 3.0)
+
+
+def row(rung, img_s, median=10.0, p10=9.9, p90=10.1, skipped=None, batch=256):
+    return {"rung": rung, "change": rung, "img_s": img_s, "step_ms": median, "step_ms_p10": p10, "step_ms_p90": p90,
+            "batch": batch, "skipped": skipped, "steps": 10, "data_wait_ms": 0.1, "peak_mb": None, "mfu": None,
+            "compile_s": None, "final_loss": 1.0, "speedup": img_s / 8_500}
+
+
+def test_each_rung_is_judged_against_the_row_it_changes():
+    rows = [row("fp32", 8_500), row("tf32", 18_300), row("bf16", 17_600, 14.6, 12.8, 16.3),
+            row("channels_last", 19_200, 13.3, 11.3, 15.4), row("fused_adamw", 21_700), row("compile", 0, skipped="CPU"),
+            row("gpu_resident", 83_000), row("last_small_batch", 63_000), row("bare_loop", 83_300)]
+    assert ladder.compared_with(rows) == {"tf32": "fp32", "bf16": "tf32", "channels_last": "bf16",
+                                          "fused_adamw": "channels_last", "gpu_resident": "fused_adamw",
+                                          "last_small_batch": "gpu_resident", "bare_loop": "gpu_resident"}
+    said = ladder.verdicts(rows)
+    assert said["tf32"] == "x2.15, faster than fp32" and said["bf16"] == "x0.96, within noise of tf32"
+    assert said["channels_last"].endswith("within noise of bf16") and said["bare_loop"].endswith("within noise of gpu_resident")
+    assert said["last_small_batch"] == "x0.76, slower than gpu_resident"
+    assert evidence.largest_gain(rows, ["tf32", "bf16", "channels_last"])[:2] == ("tf32", pytest.approx(18_300 / 8_500))
+    assert evidence.largest_gain(rows, ["bf16", "channels_last"]) is None  # every gain within noise: none is named
+    assert "against the row it changes" in ladder.markdown(rows) and "| x2.15, faster than fp32 |" in ladder.markdown(rows)
+
+
+def test_engine_and_bare_loop_are_measured_in_alternated_pairs(monkeypatch, tmp_path):
+    order = []
+
+    def fake_measure(rung, cfg):
+        order.append(rung.name)
+        return {"step_ms_p10": 10.0 if rung.bare else 10.2, "device": "CPU (test)"}
+    monkeypatch.setattr(ladder, "measure", fake_measure)
+    got = evidence.engine_vs_bare(TINY, pairs=3, timed=4, overrides={"out_dir": str(tmp_path), "device": "cpu"})
+    assert order == ["gpu_resident", "bare_loop", "bare_loop", "gpu_resident", "gpu_resident", "bare_loop"]
+    assert got["ratios"] == [pytest.approx(10 / 10.2)] * 3 and got["verdict"].startswith("within noise")
+    assert got["timed_steps"] == 4
+    monkeypatch.setattr(ladder, "measure", lambda rung, cfg: {"step_ms_p10": 10.0 if rung.bare else 16.0, "device": "x"})
+    assert evidence.engine_vs_bare(TINY, pairs=2, overrides={"device": "cpu"})["verdict"] == "the engine is slower than the bare loop"
+
+
+def test_engine_and_bare_loop_really_run_on_a_cpu(tmp_path):
+    got = evidence.engine_vs_bare(TINY, pairs=1, timed=2, overrides={"out_dir": str(tmp_path), "device": "cpu"})
+    assert len(got["ratios"]) == 1 and got["ratios"][0] > 0 and "CPU" in got["device"]
+
+
+def fake_run(acc, loss, history, batch=32, skipped=None):
+    return SimpleNamespace(val_accuracy=acc, loss=loss, val_history=history, global_batch=batch,
+                           fp16_skipped_steps=skipped, device="GPU (test)")
+
+
+def test_precisions_are_judged_by_the_spread_of_their_seeds():
+    runs = {"fp32": [fake_run(0.90, [1.0, 0.2], [[10, 1.0, 0.5], [20, 2.0, 0.9]]),
+                     fake_run(0.94, [1.0, 0.3], [[10, 1.0, 0.85], [20, 2.0, 0.94]])],
+            "bf16": [fake_run(0.92, [1.0, 0.25], [[10, 1.0, 0.6], [20, 2.0, 0.92]]),
+                     fake_run(0.93, [1.0, 0.22], [[10, 1.0, 0.7], [20, 2.0, 0.93]])],
+            "fp16": [fake_run(0.50, [1.0, 0.9], [[10, 1.0, 0.3], [20, 2.0, 0.5]], skipped=3),
+                     fake_run(0.55, [1.0, 0.8], [[10, 1.0, 0.3], [20, 2.0, 0.55]], skipped=2)]}
+    rows = {r["precision"]: r for r in evidence.precision_verdicts(runs, target=0.8, tail=1)}
+    assert rows["fp32"]["accuracy_verdict"] == "the reference"
+    assert rows["bf16"]["accuracy_verdict"] == "within the seed spread of fp32"
+    assert rows["fp16"]["accuracy_verdict"] == "lower than fp32, beyond the seed spread"
+    assert rows["fp16"]["loss_verdict"] == "higher than fp32, beyond the seed spread"
+    assert rows["fp32"]["images_to_target"] == [640, 320] and rows["fp16"]["images_to_target"] == [None, None]
+    table = evidence.precision_table(list(rows.values()), 0.8)
+    assert "| fp16 | 50.0, 55.0 % | lower than fp32, beyond the seed spread | not reached, not reached |" in table
+
+
+def test_the_baseline_runs_of_one_card_are_compared_with_notebook_01s(tmp_path):
+    common = dict(script="s", card="NVIDIA H100", gpus=1, torch_version="2.11.0", folder=tmp_path)
+    reference.write("01_baseline", {"batch": 256, "step_median_ms": 36.9, "step_p10_ms": 36.8, "step_p90_ms": 37.1,
+                                    "throughput_img_s": 6_696.0}, **common)
+    reference.write("02_step_breakdown", {"fp32_unprofiled_step_ms": 30.0}, **common)
+    reference.write("04_ladder", {"rows": [{"rung": "fp32", "batch": 256, "step_ms": 36.5, "step_ms_p10": 36.4,
+                                            "step_ms_p90": 36.7, "img_s": 7_000.0, "skipped": None}]}, **common)
+    lines = evidence.baseline_lines(evidence.baseline_runs(tmp_path))
+    assert lines[0] == "NVIDIA H100:" and "x1.27, faster than 01_baseline" in lines[2] and "60 steps" in lines[2]
+    assert "within noise of 01_baseline" in lines[3]
+    assert "has not run on a GPU yet" in evidence.baseline_check_lines(tmp_path)[0]
+
+
+def test_the_baseline_study_runs_small_and_writes_its_record(tmp_path):
+    written = studies.run("baseline", size.Size(True, "test"), tmp_path)
+    record = json.loads(written["01_baseline_check"].read_text())
+    f = record["figures"]
+    assert f["by_hand_benchmark_off_ms"] > 0 and f["by_hand_benchmark_on_ms"] > 0
+    assert f["engine_long_steps"] == 8 and len(f["engine_long_window_ms"]) == 3
+    lines = evidence.baseline_check_lines(tmp_path)
+    assert lines[0].startswith("In one process on CPU (small mode)") and "window by window" in lines[-1]

@@ -1,0 +1,126 @@
+"""One configuration, one number: why the fp32 baseline step of notebook 01 can read differently in 01, 02 and 04
+on one card, measured in one process so that only the thing varied differs.
+
+    python -m tutorial_lib study baseline --reference     # about 2 minutes on an H100: 01_baseline_check.json
+    python -m tutorial_lib study baseline --small         # the same steps with CPU sizes (tests)
+
+The same fp32 step (configs/baseline.yaml: CIFAR-stem ResNet-18, batch 256, TF32 off) is timed
+  - by hand, as notebook 01's section 2 does, with cuDNN's autotuner off (PyTorch's default there) and on;
+  - in the engine for 60 steps (notebook 02's unprofiled run), for 150 timed steps without TensorBoard
+    (notebook 04's fp32 rung) and for the baseline's 1,500 steps (notebook 01), the last in windows of 100
+    steps beside the GPU's clock, power and temperature (nvidia-smi, once a second), to see whether a long run
+    slows down as the card heats up.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from ..config import ROOT, TrainConfig, load
+
+QUERY = "clocks.sm,power.draw,temperature.gpu"
+
+
+class GpuSampler:
+    """nvidia-smi's SM clock (MHz), power (W) and temperature (C) once a second while in use (none without it)."""
+
+    def __init__(self, every_s: float = 1.0):
+        self.every_s, self.samples, self._stop = every_s, [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-i", "0"],
+                                     capture_output=True, text=True, timeout=5).stdout
+                self.samples.append((time.perf_counter(), *[float(v) for v in out.strip().split(",")]))
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                return
+            self._stop.wait(self.every_s)
+
+    def __enter__(self):
+        if shutil.which("nvidia-smi"):
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+
+def by_hand(cfg: TrainConfig, benchmark: bool, steps: int) -> float:
+    """Median ms of `steps` synchronised steps of notebook 01's hand-written loop on one batch (3 warm-up)."""
+    import torch
+    import torch.nn.functional as F
+
+    from .. import data, engine, models
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with engine.backend_flags():
+        engine.set_precision_flags(cfg)
+        torch.backends.cudnn.benchmark = benchmark
+        model = models.build(cfg.model, 10).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+        x, y = next(iter(data.build_loader(cfg.replace(num_workers=0), "train")))
+        x, y = data.normalize(x.to(device), cfg.dataset), y.to(device)
+        times = []
+        for i in range(3 + steps):
+            t0 = time.perf_counter()
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if i >= 3:
+                times.append(1000 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def engine_run(cfg: TrainConfig, window: int) -> dict:
+    """The engine's figures for `cfg`, and the time of each window of `window` timed steps (ms per step)."""
+    from .. import engine
+
+    with engine.prepared_run(cfg) as run, contextlib.redirect_stdout(io.StringIO()):
+        result = run.fit()
+        windows = [1000 * s / window for s in run.clock.window_seconds(window)]
+    t = result.step_time_ms
+    return {"img_s": result.throughput_img_s, "median_ms": t["median"], "p10_ms": t["p10"], "p90_ms": t["p90"],
+            "steps": result.steps, "window_ms": windows, "device": result.device}
+
+
+def study(size, out: Path) -> dict[str, dict]:
+    """`python -m tutorial_lib study baseline`: the figures of 01_baseline_check (see the module's docstring)."""
+    base = load(ROOT / "configs" / "baseline.yaml").replace(
+        tensorboard=False, progress=False, resume=False, eval=False)
+    if size.small:
+        base = base.replace(model="resnet18_imagenet", batch_size=8, train_size=256, num_workers=0)
+    hand_steps, short, rung, long_, window = size.pick((2, 5, 6, 8, 2), (30, 60, 160, 1500, 100))
+    warm = size.pick(2, 10)  # untimed steps (notebook 02's run: 5)
+    figures = {"batch": base.batch_size,
+               "by_hand_benchmark_off_ms": by_hand(base, False, hand_steps),
+               "by_hand_benchmark_on_ms": by_hand(base, True, hand_steps)}
+    runs = {"engine_60": base.replace(steps=short, timing_warmup=min(5, warm)),
+            "engine_rung": base.replace(steps=rung, timing_warmup=warm, optimizer_impl="foreach"),
+            "engine_long": base.replace(steps=long_, timing_warmup=warm, tensorboard=True)}
+    for name, cfg in runs.items():
+        with GpuSampler() as gpu:
+            t0 = time.perf_counter()
+            got = engine_run(cfg.replace(out_dir=str(out / name)),
+                             window if name == "engine_long" else size.pick(2, 10))
+        figures.update({f"{name}_{k}": v for k, v in got.items() if k != "device"})
+        figures["device"] = got["device"]
+        if gpu.samples:  # the clock, power and temperature over the run: first and last tenth of it
+            tenth = max(1, len(gpu.samples) // 10)
+            for part, samples in (("start", gpu.samples[:tenth]), ("end", gpu.samples[-tenth:])):
+                for i, what in enumerate(("sm_clock_mhz", "power_w", "temperature_c"), start=1):
+                    figures[f"{name}_{part}_{what}"] = statistics.median(s[i] for s in samples)
+        figures[f"{name}_wall_s"] = time.perf_counter() - t0
+    return {"01_baseline_check": figures}

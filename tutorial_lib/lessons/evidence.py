@@ -1,0 +1,199 @@
+"""The evidence behind notebook 04's sentences, computed rather than typed: which rung of the eager ladder gains
+most, whether the engine keeps up with a bare loop (measured in alternated pairs, so that other work on the
+machine moves both), and whether a lower precision still learns (validation accuracy and images to a target
+per seed, the seed spread beside them). Every verdict follows the one rule of `noise`: a difference smaller than
+the spread is noise.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+
+from . import ladder, noise
+from ..config import TrainConfig
+
+
+def largest_gain(rows: list[dict], among: list[str] | None = None) -> tuple[str, float, str] | None:
+    """(rung, x over the row it changes, verdict) of the rung with the largest gain among `among` (all measured
+    rungs when None) whose gain is beyond noise; None when every gain is within noise."""
+    got = {r["rung"]: r for r in rows if not r["skipped"]}
+    said = ladder.verdicts(rows)
+    gains = [(got[k]["img_s"] / got[b]["img_s"], k) for k, b in ladder.compared_with(rows).items()
+             if (among is None or k in among) and " faster " in said[k]]
+    if not gains:
+        return None
+    ratio, rung = max(gains)
+    return rung, ratio, said[rung]
+
+
+def engine_vs_bare(sizes: ladder.Sizes, pairs: int = 3, timed: int = 6, overrides: dict | None = None,
+                   threads: int | None = None) -> dict:
+    """The last rung in the engine and in the bare loop, measured in `pairs` pairs in this process with the order
+    alternating (engine first, then bare loop first, ...), each run with `timed` timed steps. Both runs of a pair
+    see the same machine, so other work on it moves both. Each run counts by its fast steps (p10 step time): a
+    loop's own cost is in every step, other work on the machine only in some. `threads`: PyTorch's CPU threads
+    during the pairs (1 on a small shared CPU: every parallel operation waits for all its threads, so one thread
+    that loses its core stalls the whole step, in whichever run it happens). Returns each pair's ratio (engine /
+    bare loop, images per second of the p10 step) and the verdict: within noise when the range of the ratios
+    (noise.FLOOR at least) holds 1."""
+    import torch
+
+    plan = {rung.name: (rung, cfg) for rung, cfg, _ in ladder.configs(sizes, overrides, ladder.device_type(overrides))}
+    (engine_rung, cfg), (bare_rung, _) = plan["gpu_resident"], plan["bare_loop"]
+    cfg = cfg.replace(steps=cfg.timing_warmup + timed)
+    ratios, device, before = [], None, torch.get_num_threads()
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        for i in range(pairs):
+            order = [(engine_rung, "engine"), (bare_rung, "bare")][:: 1 if i % 2 == 0 else -1]
+            got = {name: ladder.measure(rung, cfg) for rung, name in order}
+            ratios.append(got["bare"]["step_ms_p10"] / got["engine"]["step_ms_p10"])
+            device = got["engine"]["device"]
+    finally:
+        torch.set_num_threads(before)
+    spread = noise.spread_of(ratios)
+    words = {"≈": "within noise: the engine runs as fast as the bare loop",
+             "<": "the engine is slower than the bare loop", ">": "the engine is faster than the bare loop"}[noise.relation(spread, noise.Figure(1.0, 1.0, 1.0))]
+    return {"ratios": ratios, "median": spread.value, "low": spread.low, "high": spread.high, "verdict": words,
+            "device": device, "timed_steps": timed}
+
+
+def precision_runs(base: TrainConfig, precisions, seeds, out_dir: str = "runs/04_precisions") -> dict:
+    """Train `base` once per precision and seed (the seed draws the weights, the data and its order); returns
+    {precision: [Result per seed]}. `base` should validate along the way (eval_every) for images to target."""
+    from .. import engine
+
+    runs = {}
+    for precision in precisions:
+        for seed in seeds:
+            cfg = base.replace(precision=precision, seed=seed, resume=False,
+                               out_dir=f"{out_dir}/{precision}_seed{seed}")
+            with contextlib.redirect_stdout(io.StringIO()):  # the runs' own validation lines
+                runs.setdefault(precision, []).append(engine.train(cfg))
+    return runs
+
+
+def images_to(result, target: float) -> int | None:
+    """Training images until validation accuracy first reached `target` (its val_history), or None."""
+    return next((step * result.global_batch for step, _, acc in result.val_history or [] if acc >= target), None)
+
+
+def last_loss(result, tail: int = 5) -> float:
+    """The mean training loss of the run's last `tail` steps (the end of its loss curve)."""
+    losses = result.loss[-tail:]
+    return sum(losses) / len(losses)
+
+
+def _judge(values: dict, against: str, higher: str, lower: str) -> dict:
+    """precision -> verdict of its seeds' range against `against`'s (no floor: between seeds is the noise)."""
+    band = {p: noise.spread_of(v, floor=0.0) for p, v in values.items()}
+    words = {"≈": f"within the seed spread of {against}", "<": f"{lower} than {against}, beyond the seed spread",
+             ">": f"{higher} than {against}, beyond the seed spread"}
+    return {p: "the reference" if p == against else words[noise.relation(b, band[against])] for p, b in band.items()}
+
+
+def precision_verdicts(runs: dict, target: float, against: str = "fp32", tail: int = 5) -> list[dict]:
+    """Per precision: each seed's final validation accuracy, images to `target` and mean loss of the last `tail`
+    steps, each judged against `against` by the seed spread: the seeds' ranges overlap -> within the seed spread."""
+    acc = {p: [r.val_accuracy for r in rs] for p, rs in runs.items()}
+    loss = {p: [last_loss(r, tail) for r in rs] for p, rs in runs.items()}
+    said_acc, said_loss = _judge(acc, against, "higher", "lower"), _judge(loss, against, "higher", "lower")
+    return [{"precision": p, "accuracy": acc[p], "images_to_target": [images_to(r, target) for r in rs],
+             "last_loss": loss[p], "accuracy_verdict": said_acc[p], "loss_verdict": said_loss[p],
+             "skipped_steps": [r.fp16_skipped_steps for r in rs], "device": rs[0].device} for p, rs in runs.items()]
+
+
+def precision_table(rows: list[dict], target: float) -> str:
+    """The comparison as a Markdown table: one row per precision, the seeds' values side by side."""
+    def seeds(values, fmt):
+        return ", ".join("not reached" if v is None else format(v, fmt) for v in values)
+
+    lines = [f"| precision | validation accuracy per seed | against fp32 | images to {100 * target:.0f}% | "
+             "loss of the last steps | against fp32 |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        accuracy = seeds([100 * a for a in r["accuracy"]], ".1f")
+        lines.append(f"| {r['precision']} | {accuracy} % | {r['accuracy_verdict']} "
+                     f"| {seeds(r['images_to_target'], ',')} | {seeds(r['last_loss'], '.3f')} | {r['loss_verdict']} |")
+    return "\n".join(lines)
+
+
+# What each notebook's run of the baseline configuration (configs/baseline.yaml) does besides the step itself.
+BASELINE_RUNS = (
+    ("01_baseline", "notebook 01: 1,500 steps, DataLoader workers, TensorBoard, validation at the end"),
+    ("02_step_breakdown", "notebook 02, unprofiled: 60 steps, DataLoader workers, TensorBoard, no validation"),
+    ("04_ladder", "notebook 04, rung fp32: 150 timed steps, DataLoader workers, foreach AdamW, no TensorBoard"),
+)
+
+
+def baseline_runs(folder=None) -> list[dict]:
+    """The fp32 baseline step as each notebook's GPU reference run measured it: card, date, img/s with the
+    spread of its steps (noise.step_band; notebook 02 keeps only a median), and what that run does besides."""
+    from .. import reference
+
+    out = []
+    for name, what in BASELINE_RUNS:
+        rec = reference.load(name, folder)
+        if rec is None:
+            continue
+        f = rec["figures"]
+        if name == "01_baseline":
+            batch, median, p10, p90, img_s = (f["batch"], f["step_median_ms"], f["step_p10_ms"], f["step_p90_ms"],
+                                              f["throughput_img_s"])
+        elif name == "02_step_breakdown":
+            batch = 256  # notebook 02's GPU size, that of notebook 01
+            median = p10 = p90 = f["fp32_unprofiled_step_ms"]
+            img_s = 1000 * batch / median
+        else:
+            row = next(r for r in f["rows"] if r["rung"] == "fp32")
+            batch, median, p10, p90 = row["batch"], row["step_ms"], row["step_ms_p10"], row["step_ms_p90"]
+            img_s = row["img_s"]
+        out.append({"name": name, "what": what, "card": rec["card"], "date": rec["date"], "torch": rec["torch"],
+                    "median_ms": median, "figure": noise.step_band(img_s, median, p10, p90)})
+    return out
+
+
+def baseline_lines(runs: list[dict]) -> list[str]:
+    """One line per run, and per card whether the runs agree: within noise of the first run on that card, or
+    not (then the runs differ in what they do besides the step, or in when they ran: see 01_baseline_check)."""
+    lines = []
+    for card in dict.fromkeys(r["card"] for r in runs):
+        same = [r for r in runs if r["card"] == card]
+        first = same[0]
+        lines.append(f"{card}:")
+        for r in same:
+            f = r["figure"]
+            said = "" if r is first else "  " + noise.versus(f, first["figure"]).replace(
+                "faster", f"faster than {first['name']}").replace("slower", f"slower than {first['name']}").replace(
+                "within noise", f"within noise of {first['name']}")
+            lines.append(f"  {r['name']:18s} median step {r['median_ms']:5.1f} ms, {f.value:7,.0f} img/s "
+                         f"(±{100 * f.spread:.0f}%), {r['date']}{said}  | {r['what']}")
+    return lines
+
+
+def baseline_check_lines(folder=None) -> list[str]:
+    """What the baseline study (python -m tutorial_lib study baseline) measured in one process, or how to run it."""
+    from .. import reference
+
+    rec = reference.load("01_baseline_check", folder)
+    if rec is None:
+        return ["(the study that measures these differences in one process has not run on a GPU yet: "
+                "python -m tutorial_lib study baseline --reference)"]
+    f = rec["figures"]
+    lines = [f"In one process on {reference.where(rec)} (python -m tutorial_lib study baseline):",
+             f"  by hand, cuDNN autotuner off {f['by_hand_benchmark_off_ms']:.1f} ms, "
+             f"on {f['by_hand_benchmark_on_ms']:.1f} ms"]
+    for name, what in (("engine_60", "60 steps"), ("engine_rung", "04's rung"), ("engine_long", "1,500 steps")):
+        band = noise.step_band(f[f"{name}_img_s"], f[f"{name}_median_ms"], f[f"{name}_p10_ms"], f[f"{name}_p90_ms"])
+        lines.append(f"  engine, {what:12s} median step {f[f'{name}_median_ms']:.1f} ms, {band.value:,.0f} img/s "
+                     f"(±{100 * band.spread:.0f}%)")
+    windows = f.get("engine_long_window_ms") or []
+    if windows:
+        lines.append(f"  the 1,500-step run window by window: first {windows[0]:.1f} ms, "
+                     f"last {windows[-1]:.1f} ms per step")
+    if "engine_long_start_sm_clock_mhz" in f:
+        lines.append(f"  its GPU: SM clock {f['engine_long_start_sm_clock_mhz']:.0f} -> "
+                     f"{f['engine_long_end_sm_clock_mhz']:.0f} "
+                     f"MHz, power {f['engine_long_start_power_w']:.0f} -> {f['engine_long_end_power_w']:.0f} W, "
+                     f"{f['engine_long_start_temperature_c']:.0f} -> {f['engine_long_end_temperature_c']:.0f} C")
+    return lines
