@@ -121,6 +121,31 @@ def test_bad_bench_options_are_one_line_errors(capsys):
     assert main(["bench", "--steps", "0"]) == 2
 
 
+def test_full_trains_with_the_learning_rates_of_a_fresh_run(tiny_cfg):
+    """SYNTHETIC's steps advance the schedule; the engine's restart_schedule puts FULL back at the first step's
+    rate, in the optimizer itself (a float, or the tensor a recorded CUDA-graph step reads)."""
+    from tutorial_lib import distributed, engine, stepgraph
+
+    run = engine.Run(tiny_cfg(lr=0.01, warmup_steps=4, steps=8), distributed.setup("none", "cpu"))
+    first = run.opt.param_groups[0]["lr"]
+    assert first == pytest.approx(0.01 / 4)  # warm-up: step 1 of 4
+    x, y = run.prepare(*next(iter(run.input.epoch(0, 0))))
+    for _ in range(3):
+        run.train_step(x, y)
+    assert run.opt.param_groups[0]["lr"] == pytest.approx(0.01)
+    run.restart_schedule()
+    assert run.opt.param_groups[0]["lr"] == pytest.approx(first) and run.sched.last_epoch == 0
+    run.opt = torch.optim.AdamW(run.raw_model.parameters(), lr=0.01)  # as cuda_graph=true makes it: the rate
+    stepgraph.tensor_lr(run.opt)  # lives in a tensor the recorded step reads
+    run.restart_schedule()
+    for _ in range(3):
+        run.opt.step()  # no gradients: nothing moves, as the scheduler expects a step before its own
+        run.sched.step()
+    rate = run.opt.param_groups[0]["lr"]
+    run.restart_schedule()
+    assert run.opt.param_groups[0]["lr"] is rate and float(rate) == pytest.approx(first)  # the same tensor, refilled
+
+
 def test_ddp_bench_on_two_ranks_reports_the_slowest(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "tutorial_lib",
            "bench", "parallel=ddp", "model=resnet18_imagenet", "batch_size=8", "train_size=128", "device=cpu",

@@ -84,7 +84,7 @@ class Run:
             self.raw_model = self.raw_model.to(memory_format=torch.channels_last)
         self.model = self.wrap(self.raw_model)
         self.opt = self.make_optimizer()
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg, self.total_steps))
+        self.restart_schedule()
         self.graphed = stepgraph.GraphedStep(self.graph_body, self.opt, self.device) if cfg.cuda_graph else None
         self.scaler = grad_scaler(cfg, self.device)
         self.skipped = SkippedSteps()
@@ -158,6 +158,12 @@ class Run:
             raise ConfigError(f"optimizer_impl={cfg.optimizer_impl!r} does not work for optimizer={cfg.optimizer!r} "
                               f"on {self.device.type} with torch {torch.__version__} ({e}); use "
                               "optimizer_impl=auto") from None
+
+    def restart_schedule(self) -> None:
+        """The learning-rate schedule from its first step: a fresh scheduler writes that step's rate into the
+        optimizer (into the tensor a recorded step reads, with cuda_graph=true). The bench calls it after
+        SYNTHETIC's steps, so that FULL trains with the learning rates of a fresh run."""
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.cfg, self.total_steps))
 
     # ------------------------------------------------------------------ one step
     def prepare(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
