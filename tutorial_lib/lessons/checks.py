@@ -46,7 +46,7 @@ def measure_base(size: Size, out: Path) -> TrainConfig:
 
 
 def measure(size: Size, out: Path) -> dict[str, dict]:
-    """The four checks of the module's docstring; measure.json in `out`, the figures as reference `measure`."""
+    """The four checks of the module's docstring; their figures: the reference record `measure` (in `out`)."""
     base = measure_base(size, out)
     runs = Path(base.out_dir)
     figures = {"loader_bound": loader_bound(base.replace(num_workers=1, steps=size.pick(7, 220)), size)}
@@ -68,8 +68,6 @@ def measure(size: Size, out: Path) -> dict[str, dict]:
         print(f"-- {name}\n{v.summary()}", flush=True)
         figures["verdicts"][name] = {"bound": v.bound, "verdict": v.verdict, **{m: v.img_s(m) for m in bench.MEASURES}}
     lb = figures["loader_bound"]
-    atomic_write_text(Path(out) / "measure.json", json.dumps({"device": lb["device"], "torch": torch.__version__,
-                                                              "figures": figures}, indent=1))
     print(f"train vs bench FULL: {100 * abs(lb['bench_full_img_s'] / lb['train_img_s'] - 1):.1f}% apart; "
           f"profiler warnings: {len(said)}")
     return {"measure": figures}
@@ -100,28 +98,29 @@ def tensorboard_rate(run_dir: Path, run_img_s: float) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ spine
-SPINE_COLUMNS = ("run", "device", "ranks", "img/s", "step ms", "wait ms", "peak MB", "acc", "in sync")
+SPINE_COLUMNS = ("run", "device", "ranks", "img/s", "step ms", "wait ms", "peak MB", "val acc %", "in sync")
 
 
 def spine(size: Size, out: Path) -> dict:
-    """fp32 and bf16 + channels_last on one device, DDP on 1 and 2 (GPUs, or gloo processes on a CPU); the
-    table in spine.md, the rows in spine.json."""
+    """fp32 and bf16 + channels_last on one device, DDP on 1 and 2 GPUs (small sizes: fp32 + channels_last, and
+    DDP on 2 gloo processes); the table in spine.md, the rows in spine.json."""
     base = TrainConfig(dataset="shapes", model=size.pick("resnet18_imagenet", "resnet18"),
                        batch_size=size.pick(8, 256), train_size=size.pick(64, None), val_size=size.pick(32, None),
                        num_workers=size.pick(0, 8), progress=False, log_every=size.pick(2, 50), resume=False,
-                       tensorboard=False)
+                       timing_warmup=size.pick(1, 5), tensorboard=False)
     runs = Path(out) / "runs"
     bf16 = {"precision": size.pick("fp32", "bf16"), "channels_last": True}  # bf16 autocast crawls on a CPU
+    fast = f"{bf16['precision']}_cl"
     results = {"fp32": _quiet_train(base.replace(steps=size.pick(3, 150), precision="fp32", out_dir=str(runs / "fp32"))),
-               "bf16": _quiet_train(base.replace(steps=size.pick(3, 300), out_dir=str(runs / "bf16"), **bf16))}
+               fast: _quiet_train(base.replace(steps=size.pick(3, 300), out_dir=str(runs / fast), **bf16))}
     if torch.cuda.device_count() >= 2 or size.small:
-        for n in (1, 2):
+        for n in size.pick((2,), (1, 2)):  # small: 2 gloo processes (one process is the same code)
             ddp = base.replace(steps=size.pick(3, 300), num_workers=size.pick(0, 6), out_dir=str(runs / f"ddp{n}"), **bf16)
             results[f"ddp{n}"] = engine.launch(ddp, nproc=n,
                                                extra_env={"OMP_NUM_THREADS": "4"} if torch.cuda.is_available() else None)
     rows = [spine_row(name, r) for name, r in results.items()]
     text = spine_table(rows)
-    if "ddp2" in results:
+    if {"ddp1", "ddp2"} <= set(results):
         text += (f"\nDDP weak-scaling efficiency, 2 vs 1: "
                  f"{results['ddp2'].throughput_img_s / (2 * results['ddp1'].throughput_img_s):.3f}")
     print(text)
@@ -133,7 +132,7 @@ def spine(size: Size, out: Path) -> dict:
 def spine_row(name: str, r: Result) -> dict:
     return {"run": name, "device": r.device, "ranks": r.world_size, "img/s": r.throughput_img_s,
             "step ms": r.step_time_ms["median"], "wait ms": r.data_wait_ms, "peak MB": r.peak_memory_mb,
-            "acc": r.val_accuracy, "in sync": len(set(r.param_checksums)) == 1}
+            "val acc %": None if r.val_accuracy is None else 100 * r.val_accuracy, "in sync": len(set(r.param_checksums)) == 1}
 
 
 def spine_table(rows: list[dict]) -> str:

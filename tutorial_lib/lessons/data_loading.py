@@ -47,16 +47,18 @@ class Sizes:
     precision: str
     train_size: int | None
     workers: int  # DataLoader workers of the DataLoader, prefetcher and imagefolder rows
+    warmup: int  # untimed steps before each measure
+    big_cases: bool  # also the cases at `big_batch` (small sizes: every loader once is the same code)
 
 
-GPU = Sizes(256, 1024, 200, 20, 60, 6, "resnet18", "bf16", None, 8)
-SMALL = Sizes(8, 16, 4, 2, 2, 2, "resnet18_imagenet", "fp32", 64, 1)  # fp32: bf16 autocast is slow on a CPU
+GPU = Sizes(256, 1024, 200, 20, 60, 6, "resnet18", "bf16", None, 8, 5, True)
+SMALL = Sizes(8, 16, 4, 2, 2, 2, "resnet18_imagenet", "fp32", 64, 1, 1, False)  # fp32: bf16 autocast crawls on a CPU
 
 
 def base_config(sizes: Sizes, out: Path) -> TrainConfig:
     return TrainConfig(dataset="shapes", model=sizes.model, precision=sizes.precision, channels_last=True,
-                       num_workers=sizes.workers, train_size=sizes.train_size, tensorboard=False, progress=False,
-                       out_dir=str(out / "runs"))
+                       num_workers=sizes.workers, train_size=sizes.train_size, timing_warmup=sizes.warmup,
+                       tensorboard=False, progress=False, out_dir=str(out / "runs"))
 
 
 def study(size: Size, out: Path) -> dict:
@@ -65,7 +67,7 @@ def study(size: Size, out: Path) -> dict:
     sizes, out = size.pick(SMALL, GPU), Path(out)
     base = base_config(sizes, out).replace(data_dir=str(_imagefolder(sizes, out)))
     records = []
-    for name, keys, big in CASES:
+    for name, keys, big in (case for case in CASES if sizes.big_cases or not case[2]):
         batch = sizes.big_batch if big else sizes.batch
         label = f"b{batch} {name}"
         t0 = time.perf_counter()
