@@ -2,8 +2,7 @@
 
 Read `Run.fit` top to bottom: fetch a batch, copy it to the device, forward under autocast, backward,
 optimizer step; around it the step clock (meters.py), TensorBoard scalars, checkpoints and a profiler hook.
-Precision set-up lives in precision.py, checkpoint files and stop signals in checkpoint.py.
-"""
+Precision set-up lives in precision.py, checkpoint files and stop signals in checkpoint.py."""
 from __future__ import annotations
 
 import math
@@ -159,10 +158,7 @@ class Run:
                               f"on {self.device.type} with torch {torch.__version__} ({e}); use "
                               "optimizer_impl=auto") from None
 
-    def restart_schedule(self) -> None:
-        """The learning-rate schedule from its first step: a fresh scheduler writes that step's rate into the
-        optimizer (into the tensor a recorded step reads, with cuda_graph=true). The bench calls it after
-        SYNTHETIC's steps, so that FULL trains with the learning rates of a fresh run."""
+    def restart_schedule(self) -> None:  # from step 1: into the optimizer, or the tensor a CUDA graph reads
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.cfg, self.total_steps))
 
     # ------------------------------------------------------------------ one step
