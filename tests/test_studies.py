@@ -112,8 +112,10 @@ def test_the_spine_study_tabulates_one_device_and_two_ranks(tmp_path, one_thread
     assert list(rows) == ["fp32", "fp32_cl", "ddp2"]
     assert rows["ddp2"]["ranks"] == 2 and rows["ddp2"]["in sync"] and rows["fp32"]["ranks"] == 1
     assert all(r["img/s"] > 0 and r["val acc %"] is not None for r in rows.values())
-    table = (tmp_path / "spine.md").read_text()
-    assert len(table.splitlines()) == 2 + len(rows) and "| ddp2 | CPU" in table
+    text = (tmp_path / "spine.md").read_text()
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + len(rows) and "| ddp2 | CPU" in text
+    assert "DDP on 2: " in text and "weak-scaling efficiency" in text  # against fp32_cl, the run without DDP
 
 
 def test_doctor_out_writes_the_report_and_the_gpu_lines_as_a_reference_record(tmp_path, monkeypatch, capsys):

@@ -9,7 +9,8 @@ and bench's FULL can be compared, with the mean-based figure beside batch / medi
 perf/img_per_s beside the run's throughput; a profiled run of 2 cycles that must warn nothing; and the bench's
 verdict of loader=gpu_resident and of 8 workers. Its figures: the reference record `measure`.
 `spine`: the CLI's first runs on a GPU node (fp32, then bf16 + channels_last, on one GPU; DDP through torchrun on
-1 and 2 GPUs, on a CPU 2 gloo processes) in one table, with DDP's weak-scaling efficiency; no reference record.
+1 and 2 GPUs, on a CPU 2 gloo processes) in one table, with DDP's weak-scaling efficiency against the single-GPU
+run without DDP (lessons.scaling: the same configuration, 8 DataLoader workers per process); no reference record.
 """
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ from pathlib import Path
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from . import bench
+from . import bench, scaling
 from .size import Size
 from .. import engine
-from ..config import TrainConfig
+from ..config import TrainConfig, UserError
 from ..results import Result, atomic_write_text
 
 
@@ -115,18 +116,26 @@ def spine(size: Size, out: Path) -> dict:
                fast: _quiet_train(base.replace(steps=size.pick(3, 300), out_dir=str(runs / fast), **bf16))}
     if torch.cuda.device_count() >= 2 or size.small:
         for n in size.pick((2,), (1, 2)):  # small: 2 gloo processes (one process is the same code)
-            ddp = base.replace(steps=size.pick(3, 300), num_workers=size.pick(0, 6), out_dir=str(runs / f"ddp{n}"), **bf16)
+            ddp = base.replace(steps=size.pick(3, 300), out_dir=str(runs / f"ddp{n}"), **bf16)
             results[f"ddp{n}"] = engine.launch(ddp, nproc=n,
                                                extra_env={"OMP_NUM_THREADS": "4"} if torch.cuda.is_available() else None)
     rows = [spine_row(name, r) for name, r in results.items()]
-    text = spine_table(rows)
-    if {"ddp1", "ddp2"} <= set(results):
-        text += (f"\nDDP weak-scaling efficiency, 2 vs 1: "
-                 f"{results['ddp2'].throughput_img_s / (2 * results['ddp1'].throughput_img_s):.3f}")
+    text = "\n".join([spine_table(rows), *(efficiency_line(results[n], results[fast]) for n in ("ddp1", "ddp2")
+                                           if n in results)])
     print(text)
     atomic_write_text(Path(out) / "spine.json", json.dumps(rows, indent=1))
     atomic_write_text(Path(out) / "spine.md", text + "\n")
     return {}
+
+
+def efficiency_line(run: Result, baseline: Result) -> str:
+    """DDP's weak-scaling efficiency against the same run on one device without DDP (lessons.scaling)."""
+    try:
+        point = scaling.efficiency(run, baseline)
+    except UserError as e:  # e.g. a CPU's thread count differs between the processes: the reason, no figure
+        return f"DDP on {run.world_size}: no efficiency ({e})"
+    return (f"DDP on {run.world_size}: {point.speedup:.2f}x the single-device run without DDP, weak-scaling "
+            f"efficiency {point.efficiency:.3f}")
 
 
 def spine_row(name: str, r: Result) -> dict:
