@@ -182,6 +182,8 @@ def bench_optimized(sizes: Sizes, overrides: dict | None = None) -> dict:
                           compile=cfg.compile and device_type(overrides) == "cuda")
     figures = {}
     for loader in ("dataloader", "gpu_resident"):
+        if cfg.compile:
+            torch._dynamo.reset()  # compiled afresh, as each rung: the ladder's compilations are not its cache
         r = bench.bench(cfg.replace(loader=loader, out_dir=f"{cfg.out_dir}/bench_{loader}"), steps=sizes.bench_steps,
                         window=sizes.bench_window)
         print(f"-- bench at configs/optimized.yaml, loader={loader}\n{r.summary()}", flush=True)
