@@ -4,11 +4,13 @@
     python -m tutorial_lib study NAME --small           # tiny sizes on this machine (CPU: gloo, 2 processes)
     python -m tutorial_lib study NAME --reference       # full sizes on a GPU node: notebooks/reference/*.json
 
-A study is a function `run(size, out) -> {reference name: figures}` in a lessons module, registered in
+A study is a function `study(size, out) -> {reference name: figures}` in a lessons module, registered in
 STUDIES below. It measures with the workbook's own loop (engine.train / engine.launch, bench, scaling), writes
-whatever tables and logs it likes under `out`, and returns its figures; this runner writes each as a reference
-record: into `out` always, and into notebooks/reference/ with --reference (full sizes, a CUDA GPU visible).
-The small mode is what `make test` runs for every study, so the code behind a notebook's GPU figures is tested.
+whatever tables and logs it likes under `out`, and returns its figures ({} when its tables are all it leaves);
+this runner writes each as a reference record: into `out` always, and into notebooks/reference/ with
+--reference (full sizes, a CUDA GPU visible). Its sizes come from the one switch, lessons.size. The small mode is
+what `make test` runs for every study, so the code behind a notebook's GPU figures is tested; scripts/gpu/*.sh
+are the launch lines of these studies on a GPU node.
 """
 from __future__ import annotations
 
