@@ -27,11 +27,34 @@ def test_profile_ranks():
     assert TrainConfig(profile_ranks="0,3").profile_rank_set() == {0, 3}
 
 
-def test_flat_gradient_sync_is_chosen_for_cuda_graphs_only():
-    assert TrainConfig(compile=True, compile_mode="reduce-overhead").flat_grad_sync()
-    assert not TrainConfig(compile=True).flat_grad_sync()
-    assert not TrainConfig(compile=True, compile_mode="reduce-overhead", ddp_sync="hooks").flat_grad_sync()
-    assert TrainConfig(ddp_sync="flat").flat_grad_sync()
+def test_the_gradient_sync_is_decided_once_from_the_config():
+    ddp = dict(parallel="ddp")
+    assert TrainConfig(**ddp, compile=True, compile_mode="reduce-overhead").sync_mode() == "flat"
+    assert TrainConfig(**ddp, compile=True).sync_mode() == "hooks"
+    assert TrainConfig(**ddp, compile=True, compile_mode="reduce-overhead", ddp_sync="hooks").sync_mode() == "hooks"
+    assert TrainConfig(**ddp, ddp_sync="flat").sync_mode() == "flat"
+    assert TrainConfig(**ddp, cuda_graph=True, ddp_sync="buckets").sync_mode() == "buckets"
+    assert TrainConfig(**ddp, ddp_sync="flat", grad_sync=False).sync_mode() == "none"
+    assert TrainConfig(ddp_sync="flat").sync_mode() == TrainConfig(parallel="dp").sync_mode() == "none"
+
+
+def test_cudnn_benchmark_force_is_a_value_the_command_line_and_the_engine_understand():
+    """The DataParallel trap of notebook 05 is a knob (cudnn_benchmark=force), not a patch of the engine."""
+    import torch
+
+    from tutorial_lib import config
+    from tutorial_lib.precision import backend_flags, set_cudnn_benchmark
+
+    cfg = config.load(overrides=["cudnn_benchmark=force", "parallel=dp"])
+    assert cfg.cudnn_benchmark == "force" and "cudnn_benchmark=force" in cfg.to_overrides()
+    assert config.load(overrides=["cudnn_benchmark=off"]).cudnn_benchmark is False
+    with backend_flags():
+        for value, parallel, on in ((True, "dp", False), ("force", "dp", True), (True, "none", True),
+                                    (False, "none", False), ("force", "none", True)):
+            set_cudnn_benchmark(TrainConfig(cudnn_benchmark=value, parallel=parallel))
+            assert torch.backends.cudnn.benchmark is on, (value, parallel)
+    with pytest.raises(ConfigError, match="cudnn_benchmark='always' must be true, false or force"):
+        config.load(overrides=["cudnn_benchmark=always"])
 
 
 def test_a_rank_outside_profile_ranks_records_nothing(tmp_path):

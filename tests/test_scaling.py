@@ -1,6 +1,7 @@
-"""Scaling (notebook 06): efficiency only against a baseline that holds the per-GPU configuration fixed,
-learning-rate rules, the ledger of result.json files, periodic validation with an early stop, and DDP with
-gradient synchronisation switched off (on CPU/gloo)."""
+"""Scaling (notebooks 05 and 06): efficiency only against a baseline that holds the per-GPU configuration fixed
+(DataParallel's too), a ratio against another recipe taken apart, a published claim read back, learning-rate
+rules, the ledger of result.json files, periodic validation with an early stop, and DDP with gradient
+synchronisation switched off (on CPU/gloo)."""
 import csv
 import json
 import math
@@ -111,20 +112,6 @@ def test_time_to_target_is_the_first_validation_at_or_above_it():
     assert scaling.time_to_target(r, 0.95) is None
 
 
-def test_a_race_over_seeds_reports_the_spread_of_speedups_and_counts_misses():
-    seeds = {"seeds": [0, 1, 2, 3], "1gpu_s": [2.0, 3.0, 2.5, None], "linear_s": [0.5, 1.5, 0.5, 0.7],
-             "none_s": [1.0, None, "skipped", 1.0]}
-    s = scaling.race_summary(seeds)
-    assert s["linear"]["seeds"] == 3 and s["linear"]["missed"] == 0  # seed 3: the 1-GPU run never got there
-    assert (s["linear"]["min"], s["linear"]["median"], s["linear"]["max"]) == (2.0, 4.0, 5.0)
-    assert s["linear"]["of_means"] == pytest.approx(7.5 / 2.5)
-    assert s["none"] == {"seeds": 1, "missed": 1, "min": 2.0, "max": 2.0, "median": 2.0, "of_means": 2.0}
-    table = scaling.race_table(seeds)
-    assert "| 0 | 2.00 | 0.50 (4.00x) | 1.00 (2.00x) |" in table
-    assert "| 1 | 3.00 | 1.50 (2.00x) | missed |" in table and "| skipped |" in table
-    assert "| median speedup | | 4.00x | 2.00x |" in table
-
-
 def test_ledger_collects_every_result_json_into_a_table_and_csv(tmp_path):
     for name, gpus, img_s in (("weak/1gpu", 1, 60_000.0), ("weak/4gpu", 4, 230_000.0), ("race", 4, None)):
         r = result(gpus, img_s=img_s)
@@ -186,11 +173,51 @@ def test_grad_sync_false_lets_the_ranks_drift_apart(tmp_path, two_rank_run):
     assert apart["config"]["grad_sync"] is False and apart["world_size"] == 2
 
 
-def test_races_pool_into_one_with_missing_rules_marked_skipped():
-    a = {"seeds": [0, 1], "1gpu_s": [2.0, 3.0], "linear_s": [1.0, 1.0], "sqrt_s": [0.5, None]}
-    b = {"seeds": [0], "1gpu_s": [4.0], "linear_s": [2.0]}
-    pooled = scaling.pool_races([a, b])
-    assert pooled == {"seeds": [0, 1, 0], "1gpu_s": [2.0, 3.0, 4.0], "linear_s": [1.0, 1.0, 2.0],
-                      "sqrt_s": [0.5, None, "skipped"]}
-    assert scaling.speedups(pooled, "linear") == [2.0, 3.0, 2.0] and scaling.speedups(pooled, "sqrt") == [4.0]
-    assert scaling.race_summary(pooled)["sqrt"]["missed"] == 1
+def test_dataparallel_efficiency_needs_the_gpus_its_one_process_split_the_batch_over():
+    dp = result(1, batch=1024, img_s=12_000.0, parallel="dp")  # one process, 256 per GPU on 4 GPUs
+    one = result(1, batch=256, img_s=20_000.0)
+    with pytest.raises(UserError, match="does not record how many GPUs.*pass gpus=N"):
+        scaling.efficiency(dp, one)
+    p = scaling.efficiency(dp, one, gpus=4)
+    assert (p.gpus, p.batch_per_gpu) == (4, 256) and p.speedup == pytest.approx(0.6) and p.efficiency == pytest.approx(0.15)
+    with pytest.raises(UserError, match="gpus=2 but the run ran 4 process"):
+        scaling.efficiency(result(4), result(1), gpus=2)
+
+
+def test_a_ratio_against_another_recipe_is_gpus_times_weak_efficiency_times_recipe_gain():
+    """The workbook's own "793%" (4x H200): 266,983 img/s on 4 GPUs at 1024 per GPU against notebook 01's
+    8,414 img/s (fp32, batch 256) = 4 GPUs x 0.975 x 8.14."""
+    run, one = result(4, img_s=266_983.0), result(1, img_s=68_472.0)
+    baseline = result(1, batch=256, img_s=8_414.0, precision="fp32", channels_last=False)
+    d = scaling.decompose(run, one, baseline)
+    assert d.gpus == 4 and d.weak_efficiency == pytest.approx(0.975, abs=5e-4)
+    assert d.recipe_gain == pytest.approx(8.14, abs=5e-3) and d.ratio == pytest.approx(31.73, abs=5e-3)
+    assert d.ratio == pytest.approx(d.gpus * d.weak_efficiency * d.recipe_gain)
+    assert d.claimed_efficiency == pytest.approx(7.93, abs=5e-3)
+    with pytest.raises(UserError, match="precision differs"):
+        scaling.decompose(run, baseline, baseline)  # the middle term must be the run's own recipe on one GPU
+
+
+def test_a_published_claim_is_read_back_from_its_own_figures():
+    """The NRIS Olivia guide: 36,926.594 img/s on 4 GPUs, "a speedup factor of almost 15.21 and a scaling
+    efficiency of almost 374.1%"."""
+    c = scaling.check_claim(36_926.594, 4, 15.21, 3.741)
+    assert round(c["one_gpu_from_speedup"]) == 2428 and round(c["one_gpu_from_efficiency"]) == 2468
+    assert c["efficiency_from_speedup"] == pytest.approx(3.8025) and c["speedup_from_efficiency"] == pytest.approx(14.964)
+    assert c["disagreement"] == pytest.approx(0.0165, abs=5e-4)
+
+
+def test_images_to_target_counts_the_global_batch_of_every_step():
+    r = result(4, batch=256, history=[(10, 1.0, 0.5), (20, 2.0, 0.9)])
+    assert scaling.images_to_target(r, 0.9) == 20 * 1024 and scaling.images_to_target(r, 0.95) is None
+
+
+def test_the_scaling_jobs_trace_their_largest_point_instead_of_switching_sync_off(tmp_path):
+    from tutorial_lib import jobs
+
+    paths = scaling.write_jobs(TrainConfig(batch_size=1024, steps=300), gpus=(1, 4), nodes=1, jobs_dir=tmp_path,
+                               show=False)
+    sweep = jobs.render_record(paths[-1])["sweep"]
+    assert [p["batch_size"] for p in sweep] == ["1024", "256", "1024"]
+    assert sweep[2]["profile"] == "true" and sweep[2]["profile_ranks"] == "all"
+    assert all("grad_sync" not in p for p in sweep)

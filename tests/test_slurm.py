@@ -323,7 +323,7 @@ def committed_submitted(work):
 @pytest.fixture(scope="module")
 def scaling_jobs(work):
     """Notebook 06's jobs, written by the same functions with CPU sizes: one per GPU count (arrays of the weak,
-    strong and no-sync points), one over both nodes, and the learning-rate rules; all submitted at once."""
+    strong and traced points), one over both nodes, and the learning-rate rules; all submitted at once."""
     from tutorial_lib import scaling
 
     out = dict(output=f"{work}/logs/%x-%j.out", site="local", jobs_dir=work / "jobs06", show=False)
@@ -359,12 +359,12 @@ def test_scaling_jobs_complete_and_the_ledger_collects_every_point(scaling_jobs,
     for name in ("scaling_1gpu", "scaling_2gpu"):
         assert finished(scaling_jobs[name], timeout=400) == "COMPLETED", name
     two = scaling_jobs["scaling_2gpu"].results()
-    assert [(r["world_size"], scaling.batch_per_gpu(r), r["config"]["grad_sync"]) for r in two] == [
-        (2, 8, True), (2, 4, True), (2, 8, False)]  # weak, strong (global 8), no-sync
-    assert len(set(two[0]["param_checksums"])) == 1 and len(set(two[2]["param_checksums"])) == 2
+    assert [(r["world_size"], scaling.batch_per_gpu(r), r["config"]["profile"]) for r in two] == [
+        (2, 8, False), (2, 4, False), (2, 8, True)]  # weak, strong (global 8), traced on every rank
+    assert len(set(two[0]["param_checksums"])) == 1 and scaling.comm_share(work / "scaling" / "2gpu" / "traced")["ranks"] == 2
     rows = [r for r in scaling.ledger(work / "scaling") if r["world_size"] <= 2]  # the 2-node job: its own test
     assert len(rows) == 1 + 3
-    weak = [r for r in rows if scaling.batch_per_gpu(r) == 8 and r["config"]["grad_sync"]]
+    weak = [r for r in rows if scaling.batch_per_gpu(r) == 8 and not r["config"]["profile"]]
     assert [p.gpus for p in scaling.scaling_points(weak, "weak")] == [1, 2]
     strong = [r for r in rows if r["global_batch"] == 8]
     assert [p.batch_per_gpu for p in scaling.scaling_points(strong, "strong")] == [8, 4]

@@ -61,10 +61,10 @@ def test_what_a_graph_cannot_hold_is_refused_with_the_fix(change, fix):
 
 
 def test_ddp_sync_follows_the_graph_and_never_syncs_without_grad_sync():
-    assert tl.TrainConfig(parallel="ddp", cuda_graph=True).flat_grad_sync()
-    assert tl.TrainConfig(parallel="ddp", compile=True, compile_mode="reduce-overhead").flat_grad_sync()
-    assert not tl.TrainConfig(parallel="ddp").flat_grad_sync()
-    assert not tl.TrainConfig(parallel="ddp", cuda_graph=True, grad_sync=False).flat_grad_sync()
+    assert tl.TrainConfig(parallel="ddp", cuda_graph=True).sync_mode() == "flat"
+    assert tl.TrainConfig(parallel="ddp", compile=True, compile_mode="reduce-overhead").sync_mode() == "flat"
+    assert tl.TrainConfig(parallel="ddp").sync_mode() == "hooks"
+    assert tl.TrainConfig(parallel="ddp", cuda_graph=True, grad_sync=False).sync_mode() == "none"
 
 
 def test_on_a_cpu_the_step_runs_unrecorded_and_zeroes_its_gradients():

@@ -142,7 +142,7 @@ class TrainConfig:
     ddp_grad_dtype: str = "fp32"  # dtype the gradients are all-reduced in: fp32, or bf16 (half the bytes, rounded)
     sync_batchnorm: bool = False  # DDP: BatchNorm statistics over the global batch (SyncBatchNorm; GPUs only)
     grad_accum_steps: int = 1  # micro-batches per optimizer step (DDP all-reduces only on the last: no_sync)
-    cudnn_benchmark: bool = True  # let cuDNN time its algorithms for each new input shape
+    cudnn_benchmark: bool | str = True  # cuDNN autotuning per input shape (off under DataParallel); force: on there too
     # input pipeline
     loader: str = "dataloader"  # dataloader | prefetcher (copies on a side CUDA stream) | gpu_resident
     num_workers: int | str = "auto"  # DataLoader worker processes (0: in the training process); auto: CPUs - 1, at most 8
@@ -192,6 +192,9 @@ class TrainConfig:
         for name in ("steps", "global_batch_size", "train_size", "val_size"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
+        if self.cudnn_benchmark not in (True, False, "force"):
+            raise ConfigError(f"cudnn_benchmark={self.cudnn_benchmark!r} must be true, false or force (on even under "
+                              "DataParallel, whose fresh threads re-time every step: notebook 05's trap)")
         if self.num_workers != "auto" and (not isinstance(self.num_workers, int) or isinstance(self.num_workers, bool)
                                            or self.num_workers < 0):
             raise ConfigError(f"num_workers={self.num_workers!r} must be auto or an integer >= 0")
@@ -283,16 +286,16 @@ class TrainConfig:
                               "0 or 0,3")
         return ranks
 
-    def flat_grad_sync(self) -> bool:
-        """ddp_sync=auto: one flat all-reduce after the backward pass when the step runs as CUDA graphs
-        (cuda_graph=true, or compile_mode=reduce-overhead), where DDP's per-parameter hooks would cost more
-        host time than the step; DDP's bucket hooks (overlapping the backward pass) otherwise. Notebook 05
-        measures both. Never with grad_sync=false (no gradient is synchronised)."""
-        if not self.grad_sync:
-            return False
+    def sync_mode(self) -> str:
+        """How this run averages its gradients, decided here once: none (one process, DataParallel, grad_sync=false),
+        hooks (DDP's bucket hooks, during the backward pass), flat (one all-reduce of one flat buffer after it) or
+        buckets (the whole-step graph's own, during it). auto: flat when the step runs as CUDA graphs, where DDP's
+        per-parameter hooks cost more host time than the step; hooks otherwise (notebook 05 measures both)."""
+        if self.parallel != "ddp" or not self.grad_sync:
+            return "none"
         if self.ddp_sync == "auto":
-            return self.cuda_graph or (self.compile and self.compile_mode == "reduce-overhead")
-        return self.ddp_sync == "flat"
+            return "flat" if self.cuda_graph or (self.compile and self.compile_mode == "reduce-overhead") else "hooks"
+        return self.ddp_sync
 
     def per_device_batch(self, world_size: int) -> int:
         if self.global_batch_size is None:
@@ -480,8 +483,8 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
         article = "an" if expected == "int" else "a"
         raise ConfigError(f"{f.name}=None is not allowed; give {article} {expected} (default {format_value(f.default)})")
     typed = {"bool": _as_bool, "int": _as_int, "float": _as_float, "str": _as_str}[expected](value)
-    if typed is None and kind == "int | str" and isinstance(value, str):
-        typed = value.strip()  # a word (num_workers=auto); validate() says which words it takes
+    if typed is None and kind in ("int | str", "bool | str") and isinstance(value, str):
+        typed = value.strip()  # a word (num_workers=auto, cudnn_benchmark=force); validate() says which it takes
     if typed is None:
         example = {"bool": "true or false", "int": "a whole number in decimal digits, e.g. 64",
                    "float": "a number, e.g. 0.001", "str": "text"}[expected]

@@ -104,20 +104,20 @@ class Run:
         cuda_graph=true: no DDP module; the recorded step broadcasts the buffers and all-reduces the gradients."""
         cfg, env = self.cfg, self.env
         self.ddp = None
-        self.flat_sync = cfg.parallel == "ddp" and cfg.flat_grad_sync()
+        self.sync = cfg.sync_mode()  # none, hooks, flat or buckets: decided once, in the config
         self.buckets = None
         if cfg.cuda_graph and env.distributed:  # DDP by hand: the graph holds the gradient all-reduce itself
             distributed.broadcast_(list(net.parameters()) + list(net.buffers()), env)  # rank 0's start, as DDP's
-            if cfg.grad_sync and cfg.ddp_sync == "buckets":  # all-reduces that overlap the backward pass
+            if self.sync == "buckets":  # all-reduces that overlap the backward pass
                 self.buckets = buckets.GradBuckets(net, env, cfg.ddp_bucket_cap_mb, self.grad_dtype())
                 if cfg.compile:  # one compiled model would hand back every gradient at its very end
                     buckets.compile_parts(net, cfg.compile_mode)
                     return net
-        elif cfg.parallel == "ddp" and cfg.grad_sync:  # grad_sync=false: no DDP, ranks train apart (notebook 06)
+        elif self.sync in ("hooks", "flat"):  # grad_sync=false: no DDP, ranks train apart (notebook 06)
             if cfg.sync_batchnorm:
                 net = self.raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(net)
             if cfg.compile:  # DDPOptimizer cuts the graph at the buckets, for hooks that overlap the backward pass
-                torch._dynamo.config.optimize_ddp = cfg.ddp_compile != "whole" and not self.flat_sync
+                torch._dynamo.config.optimize_ddp = cfg.ddp_compile != "whole" and self.sync == "hooks"
             if cfg.compile and cfg.ddp_compile == "inner":
                 net = torch.compile(net, mode=cfg.compile_mode)
             off = {} if cfg.ddp_broadcast_buffers else {"broadcast_buffers": False}  # True: DDP's default
@@ -180,7 +180,7 @@ class Run:
         self.opt.zero_grad(set_to_none=True)
         total = None
         for i, (x, y) in enumerate(micro):  # one micro-batch at a time
-            hooks_sync = self.ddp is not None and i == len(micro) - 1 and not self.flat_sync
+            hooks_sync = self.sync == "hooks" and i == len(micro) - 1
             with self.ddp.no_sync() if self.ddp is not None and not hooks_sync else nullcontext():
                 with profiling.nvtx_range("forward", nvtx), autocast(self.cfg, self.device):
                     loss = F.cross_entropy(self.model(x), y)
@@ -189,7 +189,7 @@ class Run:
                 with profiling.nvtx_range("backward", nvtx):
                     self.scaler.scale(loss).backward()
             total = loss.detach() if total is None else total + loss.detach()
-        if self.flat_sync:
+        if self.sync == "flat":
             self.sync_gradients()
         with profiling.nvtx_range("optimizer", nvtx):
             scale = self.skipped.scale_before(self.scaler)
@@ -206,12 +206,12 @@ class Run:
             distributed.broadcast_(list(self.raw_model.buffers()), self.env)
         with autocast(self.cfg, self.device):
             loss = F.cross_entropy(self.model(x), y)
-        if self.buckets is not None:
+        if self.sync == "buckets":
             self.buckets.start()
         loss.backward()
-        if self.flat_sync:
+        if self.sync == "flat":
             self.sync_gradients()
-        elif self.buckets is not None:  # the buckets started during the backward pass; wait for them
+        elif self.sync == "buckets":  # the buckets started during the backward pass; wait for them
             self.buckets.finish()
         self.opt.step()
         return loss.detach()
@@ -514,21 +514,23 @@ def train(cfg: TrainConfig) -> Result:
         return run.fit()
 
 
+def torchrun_command(cfg: TrainConfig, nproc: int, command: str = "train", args: tuple = ()) -> list[str]:
+    """torchrun and the CLI with the config as key=value: tl.launch's command (and the GPU studies', lessons/cases)"""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
+            "tutorial_lib", command, *args, *cfg.to_overrides()]
+
+
 def launch(cfg: TrainConfig, nproc: int, extra_env: dict | None = None, timeout: float | None = None,
            command: str = "train", args: tuple = ()) -> Result | None:
     """Run `cfg` as DDP with `nproc` processes through torchrun, streaming their output into the cell
     (notebook 05). Returns the run's result (rank 0's result.json); command="bench" runs the bench on every
     rank instead (`args`: its options, e.g. ("--steps", "40")) and returns None: read <out_dir>/bench.json.
-
-    Functions defined in a notebook can't be spawned, so the processes run the package's CLI
-    (`-m tutorial_lib train`) with the config as key=value overrides."""
-    cfg = cfg.replace(parallel="ddp", progress=False)  # a progress bar can't stream through a pipe
-    words = ["--standalone", f"--nproc_per_node={nproc}", "-m", "tutorial_lib", command, *args, *cfg.to_overrides()]
-    print("$ torchrun " + " ".join(words), flush=True)
+    (A notebook's functions can't be spawned: the processes run the CLI with the config as key=value words.)"""
+    words = torchrun_command(cfg.replace(parallel="ddp", progress=False), nproc, command, args)  # no bar in a pipe
+    print("$ torchrun " + " ".join(words[3:]), flush=True)
     threads = max(1, usable_cpus() // nproc)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), **(extra_env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *words], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(words, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
     with proc.stdout:
         for line in proc.stdout:

@@ -48,3 +48,17 @@ def setup(quiet: bool = False) -> Session:
             print(f"** SMALL SIZES ({s.why}): runs are shortened to finish in seconds. The numbers show the method, "
                   "not what this GPU can do. **")
     return s
+
+
+def gpus_for(session: Session, need: int, what: str, on_cpu: int = 2,
+             instead: str = "the figures below come from the reference run") -> int:
+    """How many GPUs a cell that needs at least `need` uses here: every GPU of a server that has enough; on a CPU,
+    `on_cpu` processes standing in for GPUs (gloo; 0: the cell means nothing without GPUs). Otherwise 0, after one
+    banner that says what the cell needs, what this server has, and what the notebook does `instead`."""
+    if session.device == "cpu" and on_cpu:
+        return on_cpu
+    if session.gpus >= need:
+        return session.gpus
+    have = f"{session.gpus} GPU{'s' if session.gpus > 1 else ''}" if session.gpus else "no GPU"
+    print(f"** {what} needs {need} GPUs; this server has {have}: {instead}. **")
+    return 0

@@ -58,8 +58,10 @@ class SkippedSteps:
 
 def set_cudnn_benchmark(cfg: TrainConfig) -> None:
     """cuDNN times its algorithms once per input shape: a win, except under DataParallel, whose replicas run in
-    fresh threads each step and re-time every step (notebook 05 measures the trap)."""
-    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark and cfg.parallel != "dp"
+    fresh threads each step and re-time every step; so it is off there unless cudnn_benchmark=force (notebook 05
+    measures the trap)."""
+    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark == "force" or (cfg.cudnn_benchmark is True
+                                                                       and cfg.parallel != "dp")
 
 
 @contextmanager

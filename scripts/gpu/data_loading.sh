@@ -7,13 +7,14 @@
 # row reaches FULL >= 0.95 x SYNTHETIC (the table's last line). About 3 minutes.
 #
 #     OUT=/path/for/results bash scripts/gpu/data_loading.sh
-#     python -m tutorial_lib study data_loading --small     # the CPU check of the same code (make test runs it)
+#     bash scripts/gpu/data_loading.sh --small              # the CPU check of the same code (make test runs it)
 #
-# Writes $OUT/data_loading.json (every bench) and $OUT/data_loading.md (the table).
+# Writes $OUT/data_loading.json (every bench) and $OUT/data_loading.md (the table); $OUT defaults to build/gpu/data_loading.
 set -euo pipefail
-: "${OUT:?set OUT to the folder for the results}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" KINETO_LOG_LEVEL=99 PYTHONUNBUFFERED=1
+OUT=${OUT:-build/gpu/data_loading}
+export KINETO_LOG_LEVEL=99 PYTHONUNBUFFERED=1
+if [[ ${1:-} == --small ]]; then exec python3 -m tutorial_lib study data_loading --small --out "$OUT"; fi
 nvidia-smi -L
 echo "== CUDA cases of the data tests (GPU crop_flip = CPU crop_flip, prefetcher order, gpu_resident draws)"
 python3 -m pytest -q -p no:cacheprovider tests/test_data.py -k cuda || echo "(no pytest here, or a case failed: above)"
-python3 -m tutorial_lib study data_loading --out "$OUT"
+exec python3 -m tutorial_lib study data_loading --out "$OUT"

@@ -6,14 +6,15 @@
 # FAIL there, which is expected and not recorded (the exit code is then 1).
 #
 #     OUT=/path/for/results bash scripts/gpu/doctor.sh
-#     python -m tutorial_lib doctor --out /tmp/doctor        # anywhere: the record then names no card
+#     python -m tutorial_lib doctor --out /tmp/doctor        # anywhere (no --reference): the record names the card
+#                                                            # it found, or none
 #
 # Writes $OUT/doctor.json (every check, its seconds), $OUT/doctor.txt (the table as an instructor sees it),
 # $OUT/reference/doctor.json and notebooks/reference/doctor.json (the GPU checks' lines as a reference record:
 # commit it, then python scripts/instructor_figures.py).
 set -uo pipefail
-: "${OUT:?set OUT to the folder for the results}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+OUT=${OUT:-build/gpu/doctor}
+export PYTHONUNBUFFERED=1
 nvidia-smi -L
 timeout 300 python3 -m tutorial_lib doctor --out "$OUT" --reference
 echo "doctor exit code $? (1: some check FAILs; the table says which)"

@@ -8,11 +8,12 @@
 #  4. the bench verdict of loader=gpu_resident and of 8 workers (host/launch-bound?).
 #
 #     OUT=/path/for/results bash scripts/gpu/measure.sh    # about 2 minutes on an H100/H200
-#     python -m tutorial_lib study measure --small         # the CPU check of the same code (make test runs it)
+#     bash scripts/gpu/measure.sh --small                  # the CPU check of the same code (make test runs it)
 #
 # Writes notebooks/reference/measure.json and $OUT/measure.json (the same record).
 set -euo pipefail
-: "${OUT:?set OUT to the folder for the results}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" KINETO_LOG_LEVEL=99 PYTHONUNBUFFERED=1
+OUT=${OUT:-build/gpu/measure}
+export KINETO_LOG_LEVEL=99 PYTHONUNBUFFERED=1
+if [[ ${1:-} == --small ]]; then exec python3 -m tutorial_lib study measure --small --out "$OUT"; fi
 nvidia-smi -L
-python3 -m tutorial_lib study measure --reference --out "$OUT"
+exec python3 -m tutorial_lib study measure --reference --out "$OUT"

@@ -6,14 +6,15 @@
 # Jupyter's kernel is installed (the lent machines have none unless shared/gpu's kit is).
 #
 #     OUT=/path/for/results bash scripts/gpu/profiling.sh   # about 2 minutes
-#     python -m tutorial_lib study traces --small           # the CPU check of the same code (make test runs it)
+#     bash scripts/gpu/profiling.sh --small                 # the CPU check of the same code (make test runs it)
 #
 # Writes under $OUT: fixtures/gpu_resnet18_bf16.pt.trace.json.gz (commit it as
 # tests/fixtures/gpu_resnet18_bf16.pt.trace.json.gz), figures/baseline_fp32.png, figures/ddp_2ranks.png,
 # traces.json, traces.md, and notebooks/02_profiling.ipynb (executed, where it can run).
 set -euo pipefail
-: "${OUT:?set OUT to the folder for the results}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" KINETO_LOG_LEVEL=99 PYTHONUNBUFFERED=1
+OUT=${OUT:-build/gpu/profiling}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" KINETO_LOG_LEVEL=99 PYTHONUNBUFFERED=1  # the notebook's kernel
+if [[ ${1:-} == --small ]]; then exec python3 -m tutorial_lib study traces --small --out "$OUT"; fi
 nvidia-smi -L
 python3 -m tutorial_lib study traces --out "$OUT"
 python3 scripts/run_notebooks.py --out "$OUT/notebooks" notebooks/02_profiling.ipynb \

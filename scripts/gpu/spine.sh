@@ -5,12 +5,13 @@
 # and 01 where Jupyter's kernel is installed.
 #
 #     OUT=/path/for/results bash scripts/gpu/spine.sh      # about 2 minutes
-#     python -m tutorial_lib study spine --small           # the CPU check of the same code (make test runs it)
+#     bash scripts/gpu/spine.sh --small                    # the CPU check of the same code (make test runs it)
 #
 # Writes $OUT/spine.json and $OUT/spine.md, and the executed notebooks under $OUT/notebooks.
 set -euo pipefail
-: "${OUT:?set OUT to the folder for the results}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" KINETO_LOG_LEVEL=99 PYTHONUNBUFFERED=1
+OUT=${OUT:-build/gpu/spine}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" KINETO_LOG_LEVEL=99 PYTHONUNBUFFERED=1  # the notebooks' kernel
+if [[ ${1:-} == --small ]]; then exec python3 -m tutorial_lib study spine --small --out "$OUT"; fi
 nvidia-smi -L
 python3 -m tutorial_lib study spine --out "$OUT"
 python3 scripts/run_notebooks.py --out "$OUT/notebooks" notebooks/00_setup.ipynb notebooks/01_single_gpu.ipynb \

@@ -4,6 +4,7 @@ learning-rate rules for a larger global batch, time to a target accuracy, and a 
     points = tl.scaling.weak_sweep(cfg, gpus=(1, 2, 4))        # [(gpus, config)]: the batch per GPU fixed
     rows = tl.scaling.ledger("runs/06_scaling")                # every result.json under a folder
     tl.scaling.efficiency(rows[2], rows[0])                    # refuses a baseline that differs per GPU
+    tl.scaling.decompose(run, one_gpu, baseline)               # a ratio = GPUs x weak efficiency x recipe gain
     tl.scaling.scaled_lr(2e-3, 1024, 4096, "sqrt")             # 4e-3
     tl.scaling.write_jobs(cfg, gpus=(1, 2, 4), nodes=2)        # jobs/06_scaling_*gpu.sbatch, 06_multinode
 
@@ -20,7 +21,6 @@ import csv
 import json
 import math
 import os
-import statistics
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 
@@ -31,7 +31,7 @@ LR_RULES = ("none", "linear", "sqrt")
 # What a run and its baseline must share: everything that changes the work of one GPU in one step.
 HELD_FIXED = ("dataset", "model", "optimizer", "precision", "channels_last", "compile", "compile_mode", "cuda_graph",
               "loader", "augment", "num_workers", "pin_memory", "cudnn_benchmark", "train_size")
-LEDGER_COLUMNS = ("run", "device", "gpus", "batch_per_gpu", "global_batch", "precision", "grad_sync",
+LEDGER_COLUMNS = ("run", "device", "gpus", "batch_per_gpu", "global_batch", "precision", "traced",
                   "throughput_img_s", "step_ms", "val_accuracy", "steps", "lr", "warmup_steps", "seconds")
 
 
@@ -82,13 +82,27 @@ def as_dict(result) -> dict:
     return result
 
 
-def batch_per_gpu(result) -> int:
+def gpus_of(result, gpus: int | None = None) -> int:
+    """The GPUs a run used: its processes, or for DataParallel (one process) the `gpus` it split its batch over,
+    which its result does not record."""
     r = as_dict(result)
-    return r["global_batch"] // r["world_size"]
+    if r["config"].get("parallel") == "dp":
+        if not gpus:
+            raise UserError("a DataParallel result does not record how many GPUs it split its batch over; pass "
+                            "gpus=N (the GPUs visible to its process)")
+        return gpus
+    if gpus not in (None, r["world_size"]):
+        raise UserError(f"gpus={gpus} but the run ran {r['world_size']} process(es); leave gpus out for DDP runs")
+    return r["world_size"]
 
 
-def check_baseline(run, baseline, kind: str = "weak") -> None:
-    """Raise UserError naming the first thing `baseline` does not hold fixed for `run`."""
+def batch_per_gpu(result, gpus: int | None = None) -> int:
+    r = as_dict(result)
+    return r["global_batch"] // gpus_of(r, gpus)
+
+
+def check_baseline(run, baseline, kind: str = "weak", gpus: int | None = None) -> None:
+    """Raise UserError naming the first thing `baseline` does not hold fixed for `run` (`gpus`: DataParallel's)."""
     run, base = as_dict(run), as_dict(baseline)
     if kind not in KINDS:
         raise UserError(f"kind={kind!r} is not one of {', '.join(KINDS)}")
@@ -103,32 +117,33 @@ def check_baseline(run, baseline, kind: str = "weak") -> None:
         if base["config"].get(key) != run["config"].get(key):
             raise UserError(f"{key} differs: the baseline has {key}={base['config'].get(key)!r}, the run "
                             f"{run['config'].get(key)!r}; rerun the baseline with {key}={run['config'].get(key)!r}")
-    if kind == "weak" and batch_per_gpu(base) != batch_per_gpu(run):
+    per_gpu = batch_per_gpu(run, gpus)
+    if kind == "weak" and batch_per_gpu(base) != per_gpu:
         raise UserError(f"batch per GPU differs: the baseline has {batch_per_gpu(base)}, the run "
-                        f"{batch_per_gpu(run)}; weak scaling keeps it fixed (rerun the baseline with "
-                        f"batch_size={batch_per_gpu(run)})")
+                        f"{per_gpu}; weak scaling keeps it fixed (rerun the baseline with batch_size={per_gpu})")
     if kind == "strong" and base["global_batch"] != run["global_batch"]:
         raise UserError(f"global batch differs: the baseline has {base['global_batch']}, the run "
                         f"{run['global_batch']}; strong scaling keeps it fixed (rerun the baseline with "
                         f"batch_size={run['global_batch']})")
 
 
-def efficiency(run, baseline, kind: str = "weak") -> Point:
-    """Speedup and efficiency of `run` (N GPUs) over `baseline` (one GPU), after check_baseline."""
-    check_baseline(run, baseline, kind)
+def efficiency(run, baseline, kind: str = "weak", gpus: int | None = None) -> Point:
+    """Speedup and efficiency of `run` (N GPUs: its processes, or `gpus` for DataParallel) over `baseline`
+    (one GPU), after check_baseline."""
+    check_baseline(run, baseline, kind, gpus)
     run, base = as_dict(run), as_dict(baseline)
     speedup = run["throughput_img_s"] / base["throughput_img_s"]
-    n = run["world_size"]
-    return Point(n, batch_per_gpu(run), run["global_batch"], run["throughput_img_s"], speedup, speedup / n,
+    n = gpus_of(run, gpus)
+    return Point(n, batch_per_gpu(run, gpus), run["global_batch"], run["throughput_img_s"], speedup, speedup / n,
                  run["device"])
 
 
-def best_baseline(results, run, kind: str = "weak"):
+def best_baseline(results, run, kind: str = "weak", gpus: int | None = None):
     """The fastest of `results` that is a valid baseline for `run` (UserError naming why none is)."""
     valid, why = [], None
     for r in results:
         try:
-            check_baseline(run, r, kind)
+            check_baseline(run, r, kind, gpus)
             valid.append(as_dict(r))
         except UserError as e:
             why = why or str(e)
@@ -141,6 +156,56 @@ def scaling_points(results, kind: str = "weak") -> list[Point]:
     """Every multi- or single-GPU run of `results` against its best valid baseline among them, by GPU count."""
     rows = [as_dict(r) for r in results]
     return sorted((efficiency(r, best_baseline(rows, r, kind), kind) for r in rows), key=lambda p: p.gpus)
+
+
+@dataclass
+class Decomposition:
+    """A throughput ratio against a baseline of another recipe, taken apart:
+    ratio = GPUs x weak-scaling efficiency x single-GPU recipe gain."""
+    gpus: int
+    weak_efficiency: float  # the run against ONE GPU of its own recipe (tl.scaling.efficiency)
+    recipe_gain: float  # that one GPU against the baseline (another precision, batch, loader, ...)
+    ratio: float  # the run's img/s over the baseline's: what a headline "speedup" reports
+
+    @property
+    def claimed_efficiency(self) -> float:
+        """What "efficiency" the ratio claims when divided by the GPU count: weak efficiency x recipe gain."""
+        return self.ratio / self.gpus
+
+
+def decompose(run, one_gpu, baseline) -> Decomposition:
+    """`run` (N GPUs) over `baseline` (one GPU, any recipe), as N x efficiency(run, one_gpu) x one_gpu/baseline,
+    where `one_gpu` is the run's own recipe on one GPU (a valid weak-scaling baseline: checked)."""
+    p = efficiency(run, one_gpu, "weak")
+    base = as_dict(baseline)
+    if base["world_size"] != 1:
+        raise UserError(f"the baseline ran on {base['world_size']} processes; a recipe gain compares one GPU with one")
+    gain = as_dict(one_gpu)["throughput_img_s"] / base["throughput_img_s"]
+    return Decomposition(p.gpus, p.efficiency, gain, p.img_s / base["throughput_img_s"])
+
+
+def check_claim(img_s: float, gpus: int, speedup: float, efficiency: float) -> dict:
+    """A published scaling claim read back: the single-GPU throughput its speedup implies and the one its
+    efficiency implies (efficiency = speedup / GPUs: the two should agree), and how far apart they are."""
+    from_speedup, from_efficiency = img_s / speedup, img_s / (efficiency * gpus)
+    return {"one_gpu_from_speedup": from_speedup, "one_gpu_from_efficiency": from_efficiency,
+            "efficiency_from_speedup": speedup / gpus, "speedup_from_efficiency": efficiency * gpus,
+            "disagreement": abs(from_speedup - from_efficiency) / min(from_speedup, from_efficiency)}
+
+
+def comm_share(run_dir: str | os.PathLike) -> dict:
+    """What the gradient all-reduce costs, from a run's per-rank traces (profile_ranks=all): each rank's
+    communication that no compute kernel hides ("comm" of tl.trace_summary), as ms and as a share of its
+    step; the job's figure is the largest share (the ranks wait for each other). Never negative."""
+    from .. import trace_summary
+
+    ranks = {t.worker: (t.parts_ms["comm"], t.step_ms) for t in trace_summary.summarize(run_dir)}
+    shares = {w: comm / step for w, (comm, step) in ranks.items() if step}
+    if not shares:
+        raise UserError(f"the traces under {str(run_dir)!r} hold no timed step; record more profile_active steps")
+    return {"comm_ms": {w: round(c, 3) for w, (c, _) in ranks.items()},
+            "step_ms": {w: round(s, 3) for w, (_, s) in ranks.items()}, "share": max(shares.values()),
+            "ranks": len(ranks)}
 
 
 # ---------------------------------------------------------------------------------------- large batch
@@ -181,74 +246,42 @@ def time_to_target(result, target: float) -> float | None:
     return None
 
 
-def race_rules(seeds: dict) -> list[str]:
-    """The learning-rate rules a seed race ran ({"seeds": [...], "1gpu_s": [...], "<rule>_s": [...]})."""
-    return [k[:-2] for k in seeds if k.endswith("_s") and k != "1gpu_s"]
+def images_to_target(result, target: float) -> int | None:
+    """Training images seen when validation accuracy first reached `target` (its val_history), or None: what
+    a larger global batch may need more of (notebook 06, the critical batch)."""
+    r = as_dict(result)
+    for step, _, accuracy in r.get("val_history") or []:
+        if accuracy >= target:
+            return step * r["global_batch"]
+    return None
 
 
-def reached(v) -> bool:
-    """Whether a race's entry is a time to the target (not None: never reached; not "skipped": not run)."""
-    return isinstance(v, (int, float)) and v > 0
-
-
-def _pairs(seeds: dict, rule: str) -> list[tuple[float, float]]:
-    """(1 GPU seconds, N GPUs seconds) of the seeds where both runs reached the target."""
-    return [(o, t) for o, t in zip(seeds["1gpu_s"], seeds.get(f"{rule}_s", [])) if reached(o) and reached(t)]
-
-
-def speedups(seeds: dict, rule: str) -> list[float]:
-    """The per-seed speedups of `rule` over 1 GPU, where both runs reached the target."""
-    return [o / t for o, t in _pairs(seeds, rule)]
-
-
-def race_summary(seeds: dict) -> dict:
-    """A seed race (seconds to the target per seed: None where a run never reached it, "skipped" where it did not
-    run) summarised per rule: the median and range of the per-seed speedups and the ratio of the mean times, over
-    the seeds where both runs reached the target; `missed`: the rule's runs that never reached it."""
-    out = {}
-    for rule in race_rules(seeds):
-        pairs, ups = _pairs(seeds, rule), speedups(seeds, rule)
-        entry = out[rule] = {"seeds": len(ups), "missed": sum(t is None for t in seeds[f"{rule}_s"])}
-        if ups:
-            entry.update(min=min(ups), max=max(ups), median=statistics.median(ups),
-                         of_means=sum(o for o, _ in pairs) / sum(t for _, t in pairs))
-    return out
-
-
-def pool_races(races) -> dict:
-    """Several seed races as one, a rule missing from a race marked "skipped"."""
-    races = list(races)
-    keys = list(dict.fromkeys(k for r in races for k in r if k.endswith("_s")))
-    return {"seeds": [s for r in races for s in r["seeds"]],
-            **{k: [v for r in races for v in r.get(k, ["skipped"] * len(r["seeds"]))] for k in keys}}
-
-
-def race_table(seeds: dict) -> str:
-    """The seed-by-seed race as a Markdown table: seconds to the target per seed and rule, then the speedups."""
-    rules = race_rules(seeds)
-    sec = lambda v: f"{v:.2f}" if reached(v) else "missed" if v is None else str(v)  # noqa: E731
-    lines = ["| seed | 1 GPU s | " + " | ".join(f"{r} s (x)" for r in rules) + " |", "|" + " ---: |" * (2 + len(rules))]
-    for i, seed in enumerate(seeds["seeds"]):
-        one = seeds["1gpu_s"][i]
-        cells = [sec(t) + (f" ({one / t:.2f}x)" if reached(one) and reached(t) else "")
-                 for t in (seeds[f"{r}_s"][i] for r in rules)]
-        lines.append(f"| {seed} | {sec(one)} | " + " | ".join(cells) + " |")
-    summary = race_summary(seeds)
-    for what in ("median", "min", "max", "of_means"):
-        label = {"of_means": "mean 1 GPU / mean N GPUs"}.get(what, f"{what} speedup")
-        lines.append(f"| {label} | | " + " | ".join(
-            f"{summary[r][what]:.2f}x" if what in summary[r] else "-" for r in rules) + " |")
-    return "\n".join(lines)
+def race_target(history: list, after_s: float, resolution: float) -> float | None:
+    """A target one GPU can't reach early: `resolution` above the best validation accuracy the one-GPU run
+    (its val_history: step, seconds, accuracy) had in its first `after_s` training seconds; None when the run
+    never got that high later."""
+    early = [acc for _, seconds, acc in history if seconds <= after_s]
+    if not early:
+        return None
+    target = round(max(early) + resolution, 4)
+    return target if any(acc >= target for _, seconds, acc in history if seconds > after_s) else None
 
 
 # ---------------------------------------------------------------------------------------- Slurm jobs
+def traced(cfg: TrainConfig, wait: int = 20) -> dict:
+    """The keys that trace a run on every rank, for comm_share: 2 steps recorded after 1 thrown away, starting
+    `wait` steps in (fewer when the run is shorter). The trace slows the run: its img/s is not a figure to quote."""
+    return dict(profile=True, profile_ranks="all", profile_wait=max(0, min(wait, (cfg.steps or 100) - 3)),
+                profile_warmup=1, profile_active=2, profile_memory=False, profile_record_shapes=False)
+
+
 def write_jobs(cfg: TrainConfig, gpus=(1, 2, 4), nodes: int = 2, prefix: str = "06",
                out: str = "runs/06_scaling", **write_kw) -> list[Path]:
     """The scaling study as Slurm jobs, one per GPU count n (a job can't change its GPUs per task): an array
     whose tasks are the weak point (batch cfg.batch_size per GPU), the strong point (the same global batch
-    split n ways) and, at the largest n, the weak point without gradient all-reduce (grad_sync=false); then
-    the weak point on `nodes` nodes. Each task writes <out>/<n>gpu/<point>/result.json: `ledger(out)`
-    collects them. write_kw go to tl.jobs.write (site, time, jobs_dir, show, ...)."""
+    split n ways) and, at the largest n, the weak point traced on every rank (`traced`: what the all-reduce
+    costs, `comm_share`); then the weak point on `nodes` nodes. Each task writes <out>/<n>gpu/<point>/
+    result.json: `ledger(out)` collects them. write_kw go to tl.jobs.write (site, time, jobs_dir, show, ...)."""
     from .. import jobs
 
     counts, b, paths = _counts(gpus), cfg.batch_size, []
@@ -259,11 +292,11 @@ def write_jobs(cfg: TrainConfig, gpus=(1, 2, 4), nodes: int = 2, prefix: str = "
                 raise UserError(f"batch_size={b} does not split over {n} GPUs for the strong point; choose a "
                                 f"multiple of {math.lcm(*counts)}")
             sweep = [{"batch_size": b}, {"batch_size": b // n}]
-            sweep += [{"batch_size": b, "grad_sync": False}] if n == counts[-1] else []
+            sweep += [{"batch_size": b, **traced(cfg), "out_dir": f"{out}/{n}gpu/traced"}] if n == counts[-1] else []
         paths.append(jobs.write(f"{prefix}_scaling_{n}gpu", cfg.replace(
             parallel="ddp" if n > 1 else "none", out_dir=f"{out}/{n}gpu"), gpus_per_node=n, sweep=sweep,
             description=f"notebook 06: scaling on {n} GPU(s): " + ("the single-GPU baseline" if n == 1 else
-                        "weak, strong" + (" and no-sync" if n == counts[-1] else "") + " points"), **write_kw))
+                        "weak, strong" + (" and traced" if n == counts[-1] else "") + " points"), **write_kw))
     if nodes > 1:
         n = counts[-1]
         paths.append(jobs.write(f"{prefix}_multinode", cfg.replace(parallel="ddp", out_dir=f"{out}/{nodes}x{n}gpu"),
@@ -304,9 +337,10 @@ def ledger(folder: str | os.PathLike) -> list[dict]:
 def ledger_row(r: dict) -> dict:
     """The flat columns of one result (LEDGER_COLUMNS)."""
     c = r["config"]
-    return {"run": r.get("run", c["out_dir"]), "device": r["device"], "gpus": r["world_size"],
-            "batch_per_gpu": batch_per_gpu(r), "global_batch": r["global_batch"], "precision": c["precision"],
-            "grad_sync": c.get("grad_sync", True), "throughput_img_s": _round(r["throughput_img_s"], 1),
+    return {"run": r.get("run", c["out_dir"]), "device": r["device"], "gpus": r["world_size"],  # DataParallel: 1
+            "batch_per_gpu": r["global_batch"] // r["world_size"], "global_batch": r["global_batch"],
+            "precision": c["precision"], "traced": c.get("profile", False),
+            "throughput_img_s": _round(r["throughput_img_s"], 1),
             "step_ms": _round(r["step_time_ms"]["median"], 2), "val_accuracy": r["val_accuracy"],
             "steps": r["steps"], "lr": c["lr"], "warmup_steps": c["warmup_steps"],
             "seconds": round(r["wall_time_s"], 1)}
@@ -327,11 +361,13 @@ def write_csv(rows: list[dict], path: str | os.PathLike) -> Path:
     return path
 
 
-def markdown_table(rows: list[dict]) -> str:
-    """The ledger as a Markdown table."""
+def markdown_table(rows: list[dict], root: str | os.PathLike | None = None) -> str:
+    """The ledger as a Markdown table (`root`: the folder it was read from, shown in front of each run's folder)."""
     lines = ["| " + " | ".join(LEDGER_COLUMNS) + " |", "|" + " --- |" * len(LEDGER_COLUMNS)]
     for r in rows:
         row = ledger_row(r)
+        if root is not None:
+            row["run"] = f"{Path(root).as_posix()}/{row['run']}"
         lines.append("| " + " | ".join(_cell(row[k]) for k in LEDGER_COLUMNS) + " |")
     return "\n".join(lines)
 

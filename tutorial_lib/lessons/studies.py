@@ -44,6 +44,10 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("data_loading", "data_loading:study", "03", 2, "IO / SYNTHETIC / FULL of every loader at batch 256 and 1024"),
     Study("ladder", "ladder:study", "04", 1, "the optimization ladder rung by rung, traces of its key rungs, and the "
           "bench at configs/optimized.yaml"),
+    Study("dpddp", "dpddp:study", "05", 4, "DataParallel against DDP on 1, 2 and 4 GPUs, the trap, DDP's knobs"),
+    Study("scaling", "scaling_study:study", "06", 4, "weak and strong scaling, the race to a target accuracy, the "
+          "all-reduce's cost, notebook 01's baseline"),
+    Study("ddp_probe", "ddp_probe:study", "05", 4, "DDP at batch 256 per GPU form by form, and its gap traced by kernel class"),
 )}
 
 

@@ -1,0 +1,211 @@
+"""The one case runner of every GPU study (lessons/studies.py): a case is a name, a TrainConfig and the GPUs it
+uses, run as the workbook's own command line in a fresh process:
+
+    python -m tutorial_lib train key=value ...                        # one GPU, or DataParallel over `gpus`
+    torchrun --standalone --nproc_per_node=N -m tutorial_lib train ...  # DDP: engine.torchrun_command, tl.launch's
+
+Cases run one at a time, each with the node to itself (a baseline shares nothing with another run), its
+output appended to one log, its result.json read back into a record. A study gives the runner a time budget:
+a case whose estimate no longer fits is skipped, and its record says so. On a GPU node an nvidia-smi monitor
+samples each case's GPUs (utilisation over every sample of the timed window, memory in MiB). Efficiency is
+never computed here: the studies call tl.scaling.efficiency on the records' results.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import engine
+from ..config import TrainConfig, usable_cpus
+
+KEEP = ("config", "device", "world_size", "steps", "global_batch", "throughput_img_s", "step_time_ms",
+        "data_wait_ms", "val_accuracy", "peak_memory_mb", "wall_time_s", "torch_version", "compile_time_s",
+        "mfu", "val_history", "host_parts_ms")  # a result's fields a record keeps (not its loss curve)
+
+
+@dataclass
+class Case:
+    name: str  # a file-safe label: its run folder and log heading (tables print `about`, not this)
+    cfg: TrainConfig
+    gpus: int = 1  # GPUs it uses: DDP's processes, DataParallel's GPUs, or 1
+    about: str = ""  # what it is, in a learner's words
+    command: str = "train"  # or "bench" (notebook 03's IO / SYNTHETIC / FULL)
+    args: tuple = ()  # the bench's options, e.g. ("--steps", "60", "--window", "10")
+    env: dict = field(default_factory=dict)  # extra environment variables
+    estimate_s: float = 60.0  # the most it should take, start-up and compilation included
+
+    def command_line(self) -> list[str]:
+        cfg = self.cfg.replace(progress=False)
+        if cfg.parallel == "ddp":
+            return engine.torchrun_command(cfg, self.gpus, self.command, self.args)
+        return [sys.executable, "-m", "tutorial_lib", self.command, *self.args, *cfg.to_overrides()]
+
+
+class Runner:
+    """Runs cases into <out>/runs/<name>, one at a time, within `budget_s` seconds; `records` by name."""
+
+    def __init__(self, out: str | os.PathLike, budget_s: float, gpus_here: int):
+        self.out = Path(out)
+        self.runs = self.out / "runs"
+        self.runs.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.out / "cases.log"
+        self.budget_s, self.gpus_here, self.t0 = budget_s, gpus_here, time.time()
+        self.records: dict[str, dict] = {}
+
+    def left(self) -> float:
+        return self.budget_s - (time.time() - self.t0)
+
+    def with_dir(self, case: Case) -> Case:
+        return Case(**{**case.__dict__, "cfg": case.cfg.replace(out_dir=str(self.runs / case.name), resume=False)})
+
+    def run(self, case: Case) -> dict:
+        """Run one case now, or record why not (the budget, too few GPUs); returns its record."""
+        case = self.with_dir(case)
+        rec = {"case": case.name, "about": case.about, "gpus": case.gpus, "command": case.command}
+        if self.gpus_here and case.gpus > self.gpus_here:
+            return self._keep(rec, f"skipped: needs {case.gpus} GPUs, this node has {self.gpus_here}")
+        if self.left() < case.estimate_s:
+            return self._keep(rec, f"skipped: {self.left():.0f} s of the study's budget left, the case needs "
+                                   f"about {case.estimate_s:.0f} s")
+        shutil.rmtree(case.cfg.out_dir, ignore_errors=True)
+        monitor = Monitor(case.gpus) if self.gpus_here else None
+        t = time.time()
+        status, text = self._execute(case, timeout=max(2 * case.estimate_s, 60))
+        rec["wall_s"] = round(time.time() - t, 1)
+        result = Path(case.cfg.out_dir) / "result.json"
+        if status == "ok" and result.is_file():
+            r = json.loads(result.read_text())
+            rec["result"] = {k: r.get(k) for k in KEEP}
+            rec["replicas_identical"] = len(set(r.get("param_checksums") or [0])) == 1
+            if monitor:
+                rec["monitor"] = monitor.stop(result.stat().st_mtime, r["step_time_ms"].get("slowest_rank_total_s"))
+            bench = Path(case.cfg.out_dir) / "bench.json"
+            if bench.is_file():
+                rec["bench"] = {m: {k: f[k] for k in ("img_s", "img_s_low", "img_s_high", "per_rank_img_s")}
+                                for m, f in json.loads(bench.read_text())["figures"].items()}
+        else:
+            if monitor:
+                monitor.stop(None, None)
+            status = status if status != "ok" else "failed: no result.json"
+            rec["last_words"] = text.strip().splitlines()[-12:]
+        return self._keep(rec, status)
+
+    def _execute(self, case: Case, timeout: float) -> tuple[str, str]:
+        procs = case.gpus if case.cfg.parallel == "ddp" else 1
+        if not self.gpus_here:  # on a CPU "one GPU" is the cores one of two ranks gets, for every case alike
+            procs = max(procs, 2)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "KINETO_LOG_LEVEL": "99",
+               "OMP_NUM_THREADS": str(max(1, usable_cpus() // procs)), **case.env}
+        if self.gpus_here:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(case.gpus))
+        words, limit = case.command_line(), min(timeout, self.left() + 30)
+        with open(self.log_path, "a") as log:
+            log.write(f"\n===== {case.name}: {case.about}\n$ {' '.join(words[1:])}\n")
+            log.flush()
+            proc = subprocess.Popen(words, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                    start_new_session=True)  # its own process group: torchrun and its ranks
+            timer = threading.Timer(limit, lambda: os.killpg(proc.pid, signal.SIGKILL))
+            timer.start()
+            text = proc.communicate()[0]
+            timer.cancel()
+            log.write(text)
+        if proc.returncode == 0:
+            return "ok", text
+        if proc.returncode == -signal.SIGKILL:
+            return f"failed: stopped after {limit:.0f} s (its time limit)", text
+        return f"failed (exit {proc.returncode})", text
+
+    def _keep(self, rec: dict, status: str) -> dict:
+        rec["status"] = status
+        self.records[rec["case"]] = rec
+        print(line(rec), flush=True)
+        return rec
+
+    def result(self, name: str) -> dict | None:
+        """The result of case `name`, or None when it was skipped or failed."""
+        return self.records.get(name, {}).get("result")
+
+    def save(self) -> Path:
+        path = self.out / "cases.json"
+        path.write_text(json.dumps(self.records, indent=1) + "\n")
+        return path
+
+
+def line(rec: dict) -> str:
+    """One line per case for the study's log: its img/s and step time, or its status."""
+    r = rec.get("result")
+    if not r or r.get("throughput_img_s") is None:
+        return f"{rec['case']:28s} {rec['gpus']} GPU  {rec['status']}"
+    s = r["step_time_ms"]
+    return (f"{rec['case']:28s} {rec['gpus']} GPU  {r['throughput_img_s']:>10,.0f} img/s  step {s['median']:.2f} ms "
+            f"(p10 {s['p10']:.2f}, p90 {s['p90']:.2f})  {rec['wall_s']:.0f} s")
+
+
+class Monitor:
+    """nvidia-smi every 200 ms on GPUs 0..gpus-1 while a case runs. stop() keeps the samples of the timed
+    window (the `seconds` before the result was written): the mean utilisation over every one of them (a
+    sample at 0% counts) and the most memory used, in MiB as nvidia-smi reports it."""
+
+    ROW = re.compile(r"^\s*(\d+),\s*(\d+(?:\.\d+)?),\s*(\d+(?:\.\d+)?)\s*$")
+
+    def __init__(self, gpus: int):
+        self.gpus, self.samples, self.proc = gpus, [], None
+        if shutil.which("nvidia-smi"):
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
+                                          "--format=csv,noheader,nounits", "-lms", "200"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for text in self.proc.stdout:
+            m = self.ROW.match(text)
+            if m:
+                self.samples.append((time.time(), int(m[1]), float(m[2]), float(m[3])))
+
+    def stop(self, end: float | None, seconds: float | None) -> dict:
+        if self.proc is None:
+            return {}
+        self.proc.terminate()
+        self.proc.wait()
+        return window_figures(self.samples, self.gpus, end, seconds)
+
+
+def window_figures(samples: list, gpus: int, end: float | None, seconds: float | None) -> dict:
+    """Per GPU: mean utilisation (%) over every sample in [end - seconds, end], and the peak memory (MiB)."""
+    if end is None or not seconds:
+        return {}
+    inside = [s for s in samples if end - seconds <= s[0] <= end and s[1] < gpus]
+    by_gpu = {i: [s for s in inside if s[1] == i] for i in range(gpus)}
+    if not all(by_gpu.values()):
+        return {"note": f"fewer than one sample per GPU in the {seconds:.1f} s timed window"}
+    return {"util_pct": [round(sum(s[2] for s in v) / len(v), 1) for v in by_gpu.values()],
+            "mem_used_mib": [max(s[3] for s in v) for v in by_gpu.values()],
+            "samples_per_gpu": min(len(v) for v in by_gpu.values())}
+
+
+def trace_figures(run_dir: str | os.PathLike) -> dict:
+    """Per rank of a traced run (profile=true): its step cut into parts (ms, tl.trace_summary), and per profiled
+    step the time its collective kernels ran (NCCL on GPUs; gloo has none), the all-reduce calls and every
+    operator its host launched."""
+    from .. import trace_summary
+
+    out = {}
+    for t in trace_summary.summarize(run_dir):
+        events = trace_summary.read_trace(trace_summary.find_traces(run_dir)[t.worker][-1]).get("traceEvents", [])
+        steps = sum(1 for e in events if str(e.get("name", "")).startswith("ProfilerStep#")) or 1
+        nccl = [e for e in events if e.get("cat") == "kernel" and "nccl" in str(e.get("name", "")).lower()]
+        ops = [e for e in events if e.get("cat") == "cpu_op"]
+        out[t.worker] = {"step_ms": round(t.step_ms, 3), "parts_ms": {k: round(v, 3) for k, v in t.parts_ms.items()},
+                         "nccl_ms": round(sum(e.get("dur", 0) for e in nccl) / 1000 / steps, 3),
+                         "allreduce_calls": sum(e.get("name") == "c10d::allreduce_" for e in ops) / steps,
+                         "host_ops": round(len(ops) / steps, 1)}
+    return out
