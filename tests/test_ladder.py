@@ -189,7 +189,7 @@ def test_optimized_yaml_is_the_ladders_last_rung():
         assert getattr(opt, key) == getattr(last, key), key
 
 
-def test_the_ladder_study_measures_every_rung_a_cpu_can_run_and_records_it(tmp_path, monkeypatch):
+def test_the_ladder_study_measures_every_rung_a_cpu_can_run_and_records_it(tmp_path, monkeypatch, one_thread):
     """`python -m tutorial_lib study ladder --small`: the rows, the traces, the bench at configs/optimized.yaml,
     ladder.json/.md and the reference records (what scripts/gpu/ladder.sh writes on a GPU)."""
     monkeypatch.setattr(ladder, "SMALL", TINY)
@@ -229,7 +229,8 @@ def test_the_ladder_study_measures_every_rung_a_cpu_can_run_and_records_it(tmp_p
     assert "| gpu_resident |" in doc.split("Notebook 03's bench")[1] and "### What limits the last rung" in doc
 
 
-def test_ladder_cli_measures_the_rungs_asked_for_and_names_the_fix_for_bad_flags(tmp_path, monkeypatch, capsys):
+def test_ladder_cli_measures_the_rungs_asked_for_and_names_the_fix_for_bad_flags(tmp_path, monkeypatch, capsys,
+                                                                                  one_thread):
     monkeypatch.setattr(ladder, "SMALL", TINY)
     assert main(["ladder", "--small", "--only", "fp32", "--out", str(tmp_path), f"out_dir={tmp_path}/runs"]) == 0
     assert [r["rung"] for r in json.loads((tmp_path / "ladder.json").read_text())["rows"]] == ["fp32"]

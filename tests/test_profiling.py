@@ -91,7 +91,7 @@ def test_profiling_two_cycles_warns_nothing_and_writes_a_trace_per_cycle(tmp_pat
 STALL_S = 6.0  # the slow trace writer's pause: far above 6 tiny steps, even on a loaded 2-core machine
 
 
-def test_writing_a_trace_file_is_left_out_of_the_step_times(tmp_path, monkeypatch):
+def test_writing_a_trace_file_is_left_out_of_the_step_times(tmp_path, monkeypatch, one_thread):
     """A trace file takes seconds to write, in the middle of the timed steps: a profiled run would report a
     throughput (and, under DDP, every rank would wait for the writing one) that no training step had."""
     import torch
