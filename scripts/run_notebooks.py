@@ -10,6 +10,11 @@ with what it holds; scripts/instructor_figures.py turns docs/notebook_timings.js
 guide's timing plan. --stored records the run a notebook already holds (its committed CPU run) instead of
 executing it:
     python scripts/run_notebooks.py --stored --timings docs/notebook_timings.json notebooks/*.ipynb
+
+--reference is the GPU runner (scripts/gpu/notebooks.sh): every `tl.reference.record(name, ...)` in a cell writes
+notebooks/reference/<name>.json (card, torch, date), and after each notebook that ran without an error the
+fingerprint of its recording cells is stamped into those files, so tests/test_reference.py can tell when a
+notebook changed after its reference run. It needs a CUDA GPU.
 """
 import argparse
 import datetime
@@ -24,6 +29,8 @@ import re
 
 import nbclient
 import nbformat
+
+from tutorial_lib import reference
 
 
 def run(path: Path, dest: Path, timeout: int, keep_going: bool = False) -> float:
@@ -124,6 +131,19 @@ def record_timing(path: Path, dest: Path, seconds: float | None = None, load: fl
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 
+def start_recording() -> None:
+    """--reference: the kernels this process starts record into notebooks/reference/ (tutorial_lib.reference)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--reference records GPU figures, but no CUDA GPU is visible here (torch "
+                         f"{torch.__version__}): run it on a GPU node")
+    print(f"recording into {reference.FOLDER}: torch {torch.__version__} | {torch.cuda.device_count()} x "
+          f"{torch.cuda.get_device_name(0)}", flush=True)
+    os.environ[reference.ENV] = str(reference.FOLDER)
+    os.environ["WORKBOOK_REFERENCE_SCRIPT"] = "scripts/gpu/notebooks.sh"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("notebooks", nargs="+", type=Path)
@@ -135,7 +155,11 @@ def main() -> int:
     p.add_argument("--timings", type=Path, help="JSON file to record each notebook's run time and slowest cells")
     p.add_argument("--keep-going", action="store_true",
                    help="run every cell even after one fails, then list the failed cells (one pass finds them all)")
+    p.add_argument("--reference", action="store_true", help="record the cells' GPU figures into notebooks/reference/ "
+                   "and stamp each notebook's recording cells there (a CUDA GPU)")
     args = p.parse_args()
+    if args.reference:
+        start_recording()
     if args.stored:
         if not args.timings:
             p.error("--stored records timings: give --timings FILE")
@@ -154,6 +178,8 @@ def main() -> int:
                 print(f"{nb}: {len(errors)} cell(s) FAILED ({dest}):\n  " + "\n  ".join(errors), file=sys.stderr)
                 continue
             print(f"{nb}: {seconds:.0f} s -> {dest}", flush=True)
+            if args.reference:
+                print(f"{nb}: stamped {', '.join(reference.stamp(nb)) or 'nothing (no cell records)'}", flush=True)
             if args.timings:  # other work on the machine slows the run: keep the load beside the time
                 record_timing(args.timings, dest, seconds, (load + os.getloadavg()[0]) / 2)
         except (nbclient.exceptions.CellExecutionError, nbclient.exceptions.CellTimeoutError,

@@ -2,9 +2,6 @@
 
 The slow input and the heavy model sleep rather than compute, so their cost holds on a busy 2-core CPU."""
 import json
-import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -13,6 +10,7 @@ import torch
 from conftest import SleepyNet
 from tutorial_lib import bench, data, models
 from tutorial_lib.__main__ import main
+from tutorial_lib.lessons import size, studies
 from tutorial_lib.lessons.bench import Measurement
 
 
@@ -121,19 +119,50 @@ def test_bad_bench_options_are_one_line_errors(capsys):
     assert main(["bench", "--steps", "0"]) == 2
 
 
-def test_ddp_bench_on_two_ranks_reports_the_slowest(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "tutorial_lib",
-           "bench", "parallel=ddp", "model=resnet18_imagenet", "batch_size=8", "train_size=128", "device=cpu",
-           "num_workers=0", "tensorboard=false", f"out_dir={tmp_path}", "--steps=4", "--window=2", "--warmup=1"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    lines = p.stdout.splitlines()
-    assert [l.split()[0] for l in lines[:4]] == ["IO", "SYNTHETIC", "FULL", "verdict:"]  # printed once, by rank 0
-    assert "slowest of 2 ranks" in lines[0] and " img/s " in lines[0]
-    r = json.loads((tmp_path / "bench.json").read_text())
-    for f in r["figures"].values():
+def test_full_trains_with_the_learning_rates_of_a_fresh_run(tiny_cfg):
+    """SYNTHETIC's steps advance the schedule; the engine's restart_schedule puts FULL back at the first step's
+    rate, in the optimizer itself (a float, or the tensor a recorded CUDA-graph step reads)."""
+    from tutorial_lib import distributed, engine, stepgraph
+
+    run = engine.Run(tiny_cfg(lr=0.01, warmup_steps=4, steps=8), distributed.setup("none", "cpu"))
+    first = run.opt.param_groups[0]["lr"]
+    assert first == pytest.approx(0.01 / 4)  # warm-up: step 1 of 4
+    x, y = run.prepare(*next(iter(run.input.epoch(0, 0))))
+    for _ in range(3):
+        run.train_step(x, y)
+    assert run.opt.param_groups[0]["lr"] == pytest.approx(0.01)
+    run.restart_schedule()
+    assert run.opt.param_groups[0]["lr"] == pytest.approx(first) and run.sched.last_epoch == 0
+    run.opt = torch.optim.AdamW(run.raw_model.parameters(), lr=0.01)  # as cuda_graph=true makes it: the rate
+    stepgraph.tensor_lr(run.opt)  # lives in a tensor the recorded step reads
+    run.restart_schedule()
+    for _ in range(3):
+        run.opt.step()  # no gradients: nothing moves, as the scheduler expects a step before its own
+        run.sched.step()
+    rate = run.opt.param_groups[0]["lr"]
+    run.restart_schedule()
+    assert run.opt.param_groups[0]["lr"] is rate and float(rate) == pytest.approx(first)  # the same tensor, refilled
+
+
+def test_the_data_loading_study_benches_every_loader_and_two_ranks(tmp_path, capsys):
+    """`python -m tutorial_lib study data_loading --small` (scripts/gpu/data_loading.sh on a GPU): each loader's
+    IO / SYNTHETIC / FULL, the table with the gpu_resident check, and the bench under torchrun on 2 gloo ranks,
+    where every rank measures and the job's figure is the slowest rank's."""
+    assert studies.run("data_loading", size.Size(True, "test"), tmp_path) == {}  # tables only, no reference record
+    records = json.loads((tmp_path / "data_loading.json").read_text())
+    assert [r["case"] for r in records] == ["b8 dataloader", "b8 prefetcher", "b8 imagefolder", "b8 gpu_resident"]
+    for r in records:
+        assert all(r["figures"][m]["img_s"] > 0 for m in bench.MEASURES) and r["bound"] and r["verdict"], r["case"]
+    assert records[2]["config"]["dataset"] == "imagefolder" and records[3]["config"]["loader"] == "gpu_resident"
+    table = (tmp_path / "data_loading.md").read_text()
+    assert all(f"| {r['case']} |" in table for r in records) and "gpu_resident FULL >= 0.95 x SYNTHETIC:" in table
+    ddp = json.loads((tmp_path / "runs" / "ddp2" / "bench.json").read_text())
+    assert ddp["world_size"] == 2 and ddp["config"]["loader"] == "gpu_resident"
+    for f in ddp["figures"].values():
         assert len(f["per_rank_img_s"]) == 2
         assert f["img_s"] == pytest.approx(2 * min(f["per_rank_img_s"]))  # the job moves at its slowest rank's pace
+    out = capsys.readouterr().out
+    assert out.count("slowest of 2 ranks") == 3  # IO, SYNTHETIC, FULL: printed once, by rank 0
 
 
 def windows(measure, img_s, low, high):

@@ -69,26 +69,24 @@ def test_a_failed_launch_shows_a_ranks_own_last_words_above_torchruns_summary():
 
 def test_collectives_return_only_once_gloo_has_let_go_of_their_tensors():
     """The wait that keeps a gloo worker from touching a Python tensor during shutdown: another holder (here a
-    view, dropped by another thread as a worker drops its work) keeps _let_go waiting until it is gone."""
+    view, dropped by another thread as a worker drops its work) keeps let_go waiting until it is gone."""
     import threading
     import time
 
     import torch
 
-    from tutorial_lib import distributed
+    from tutorial_lib import _gloo_exit
 
-    gloo = distributed.DistEnv(world_size=2, launched=True, backend="gloo")
     t = torch.ones(4)
     before = [t._use_count()]
-    done = distributed._hand_over(gloo, "test", t)
+    done = _gloo_exit.hand_over("gloo", "test", t)
     view = [t[:2]]  # a second C++ reference to t, like the one a worker holds until it drops its work
     assert t._use_count() > before[0]
     threading.Timer(0.2, view.clear).start()
     start = time.monotonic()
     done()
     assert time.monotonic() - start >= 0.15 and t._use_count() == before[0]
-    nccl = distributed.DistEnv(world_size=2, launched=True, backend="nccl")  # NCCL's works: not waited for
-    view.append(t[:2])
+    view.append(t[:2])  # NCCL's works: not waited for
     start = time.monotonic()
-    distributed._let_go(nccl, [t], before)
+    _gloo_exit.let_go("nccl", [t], before)
     assert time.monotonic() - start < 0.1

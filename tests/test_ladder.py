@@ -7,12 +7,15 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import ROOT, cli, tiny
-from tutorial_lib import config, distributed, engine, ladder, meters, models, peaks, roofline, stepgraph
+from conftest import ROOT, tiny
+from tutorial_lib import config, distributed, engine, ladder, meters, models, peaks, perfdoc, reference, roofline, stepgraph
+from tutorial_lib.__main__ import main
 from tutorial_lib.config import ConfigError, TrainConfig
+from tutorial_lib.lessons import size, studies
 
+# The study's small mode at still smaller sizes (the same code: every rung, traces, bench; 3 steps each)
 TINY = ladder.Sizes(batch=8, big_batch=16, steps=3, big_steps=2, warmup=1, model="resnet18_imagenet", train_size=64,
-                    budget_s=600)
+                    budget_s=600, bench_steps=4, bench_window=2)
 
 
 # ------------------------------------------------------------------------------------------- optimizer_impl
@@ -186,8 +189,12 @@ def test_optimized_yaml_is_the_ladders_last_rung():
         assert getattr(opt, key) == getattr(last, key), key
 
 
-def test_small_ladder_measures_every_rung_a_cpu_can_run(tmp_path):
-    rows = ladder.run(TINY, {"out_dir": str(tmp_path / "ladder")}, quiet=True)
+def test_the_ladder_study_measures_every_rung_a_cpu_can_run_and_records_it(tmp_path, monkeypatch, one_thread):
+    """`python -m tutorial_lib study ladder --small`: the rows, the traces, the bench at configs/optimized.yaml,
+    ladder.json/.md and the reference records (what scripts/gpu/ladder.sh writes on a GPU)."""
+    monkeypatch.setattr(ladder, "SMALL", TINY)
+    written = studies.run("ladder", size.Size(True, "test"), tmp_path)
+    rows = json.loads((tmp_path / "ladder.json").read_text())["rows"]
     measured = {r["rung"] for r in rows if not r["skipped"]}
     assert measured == {"fp32", "bf16", "channels_last", "fused_adamw", "big_batch", "gpu_resident",
                         "last_small_batch", "bare_loop"}
@@ -198,23 +205,46 @@ def test_small_ladder_measures_every_rung_a_cpu_can_run(tmp_path):
         if not r["skipped"]:
             assert r["img_s"] > 0 and r["step_ms_p10"] <= r["step_ms"] <= r["step_ms_p90"] and r["speedup"] > 0
     assert next(r for r in rows if r["rung"] == "fp32")["speedup"] == 1.0
-    json_path, md_path = ladder.save(rows, tmp_path / "out")
-    table = md_path.read_text().splitlines()
-    assert len(table) == 2 + len(rows) and all(f"| {r['rung']} |" in md_path.read_text() for r in rows)
-    assert json.loads(json_path.read_text())["rows"][0]["rung"] == "fp32"
-    gathered = ladder.gather(tmp_path / "ladder", TINY)  # the engine's result.json files, as a job's would be
+    table = (tmp_path / "ladder.md").read_text()
+    assert len(table.splitlines()) == 2 + len(rows) and all(f"| {r['rung']} |" in table for r in rows)
+    gathered = ladder.gather(tmp_path / "runs", TINY)  # the engine's result.json files, as a job's would be
     assert {r["rung"] for r in gathered} == measured - {"bare_loop"}
+    slug = ladder.card_slug(rows[0]["device"])
+    assert set(written) == {"04_ladder", f"04_ladder_{slug}"}
+    record = reference.load(f"04_ladder_{slug}", tmp_path)
+    assert record["card"] == "CPU (small mode)" and record["script"] == "python -m tutorial_lib study ladder"
+    f = record["figures"]
+    assert f["fp32_img_s"] == rows[0]["img_s"] and f["last_speedup"] > 0 and f["engine_over_bare_loop"] > 0
+    assert [r["rung"] for r in f["rows"]] == [r["rung"] for r in rows]
+    assert "loss" in f["rows"][0] and "loss" not in next(r for r in f["rows"] if r["rung"] == "channels_last")
+    trace = f["traces"]["gpu_resident"]  # on the host's clock on a CPU; the parts' shares of the step add up to 1
+    assert set(f["traces"]) == set(ladder.TRACED) and trace["view"] == "host" and trace["batch"] == TINY.big_batch
+    assert sum(trace["shares"].values()) == pytest.approx(1) and trace["bottleneck"] in trace["shares"]
+    for loader in ("dataloader", "gpu_resident"):
+        b = f["bench_optimized"][loader]
+        assert min(b["io"], b["synthetic"], b["full"]) > 0 and b["verdict"], b
+        assert b["full_over_synthetic"] == pytest.approx(b["full"] / b["synthetic"])
+    doc = perfdoc.performance_doc([record])  # docs/performance.md renders from such a record
+    assert "## CPU (small mode) (torch" in doc and "| fp32 | fp32, TF32 off" in doc
+    assert "| gpu_resident |" in doc.split("Notebook 03's bench")[1] and "### What limits the last rung" in doc
 
 
-def test_ladder_cli_measures_the_rungs_asked_for(tmp_path):
-    proc = cli("ladder", "--small", "--only", "fp32,bf16", "--out", str(tmp_path), f"out_dir={tmp_path}/runs",
-               "train_size=64", env={"OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr
-    rows = json.loads((tmp_path / "ladder.json").read_text())["rows"]
-    assert [r["rung"] for r in rows] == ["fp32", "bf16"]
-    assert "| fp32 |" in proc.stdout and "wrote" in proc.stdout
-    bad = cli("ladder", "--small", "--only", "fp64", "--out", str(tmp_path))
-    assert bad.returncode == 2 and "no rung named 'fp64'" in bad.stderr
+def test_ladder_cli_measures_the_rungs_asked_for_and_names_the_fix_for_bad_flags(tmp_path, monkeypatch, capsys,
+                                                                                  one_thread):
+    monkeypatch.setattr(ladder, "SMALL", TINY)
+    assert main(["ladder", "--small", "--only", "fp32", "--out", str(tmp_path), f"out_dir={tmp_path}/runs"]) == 0
+    assert [r["rung"] for r in json.loads((tmp_path / "ladder.json").read_text())["rows"]] == ["fp32"]
+    out = capsys.readouterr().out
+    assert "| fp32 |" in out and "wrote" in out
+    assert main(["ladder", "--small", "--only", "fp64", "--out", str(tmp_path)]) == 2
+    assert "no rung named 'fp64'" in capsys.readouterr().err
+    assert main(["ladder", "--reference"]) == 2
+    assert "study ladder --reference" in capsys.readouterr().err
+
+
+def test_performance_doc_is_current_with_the_reference_files():
+    assert perfdoc.render() == (ROOT / "docs" / "performance.md").read_text(), (
+        "docs/performance.md is stale: python -m tutorial_lib ladder --doc")
 
 
 def test_job_sweep_has_one_point_per_training_rung():
@@ -236,7 +266,7 @@ def test_performance_doc_names_card_torch_date_and_what_limits_the_last_rung():
              "channels_last": {"error": "RuntimeError: x"}}
     rec = {"card": "NVIDIA H200", "gpus": 1, "torch": "2.11.0", "date": "2026-11-26", "script": "s",
            "figures": ladder.reference_figures(rows, trace)}
-    doc = ladder.performance_doc([rec])
+    doc = perfdoc.performance_doc([rec])
     assert "## NVIDIA H200 (torch 2.11.0, 2026-11-26)" in doc and "| fp32 | fp32 | 256 | 9,000 |" in doc
     assert "### What limits the last rung" in doc and "compute 90%" in doc and "`sm90_xmma_fprop` | 20 |" in doc
     assert "No reference run on an H100 yet" in doc and "No reference run on an H200" not in doc  # says what is missing
@@ -262,7 +292,7 @@ def test_roofline_rates_the_tensor_core_kernels_against_the_cards_peak_and_says_
     assert 3.0e9 < flops / 1024 < 3.6e9  # the CIFAR ResNet-18's forward + backward, counted
     assert t["tensor_core_tflops"] == pytest.approx(flops / 8e-3 / 1e12)
     assert t["step_tflops"] == pytest.approx(flops / 12e-3 / 1e12)
-    text = "\n".join(roofline.roofline_lines(t, "gpu_resident"))
+    text = "\n".join(perfdoc.roofline_lines(t, "gpu_resident"))
     assert "| tensor-core convolutions and matmuls | 8.000 | 67% |" in text
     # 8 passes over every BatchNorm's bf16 activations: 614,400 elements per image (counted), at 1024 images
     assert t["norm_gb_per_step"] == pytest.approx(614_400 * 1024 * 2 * 8 / 1e9)
@@ -271,6 +301,6 @@ def test_roofline_rates_the_tensor_core_kernels_against_the_cards_peak_and_says_
     rec = {"card": "NVIDIA H100 80GB HBM3", "gpus": 1, "torch": "2.11.0", "date": "2026-11-26", "script": "s",
            "figures": {"rows": [], "traces": {}}}
     roof = {**rec, "figures": {"traces": {"gpu_resident": t}}}
-    doc = ladder.performance_doc([rec], [roof])
+    doc = perfdoc.performance_doc([rec], [roof])
     assert "### Kernel classes against the roofline" in doc and "| tensor-core convolutions and matmuls |" in doc
-    assert "### Kernel classes" not in ladder.performance_doc([rec], [{**roof, "card": "NVIDIA H200"}])
+    assert "### Kernel classes" not in perfdoc.performance_doc([rec], [{**roof, "card": "NVIDIA H200"}])

@@ -9,6 +9,7 @@ import pytest
 from conftest import tiny
 from tutorial_lib import engine, profiling, tensorboard
 from tutorial_lib.config import UserError
+from tutorial_lib.lessons import size, studies
 from tutorial_lib.trace_summary import PARTS, summarize
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -90,7 +91,7 @@ def test_profiling_two_cycles_warns_nothing_and_writes_a_trace_per_cycle(tmp_pat
 STALL_S = 6.0  # the slow trace writer's pause: far above 6 tiny steps, even on a loaded 2-core machine
 
 
-def test_writing_a_trace_file_is_left_out_of_the_step_times(tmp_path, monkeypatch):
+def test_writing_a_trace_file_is_left_out_of_the_step_times(tmp_path, monkeypatch, one_thread):
     """A trace file takes seconds to write, in the middle of the timed steps: a profiled run would report a
     throughput (and, under DDP, every rank would wait for the writing one) that no training step had."""
     import torch
@@ -118,17 +119,23 @@ def test_too_few_steps_for_the_profiler_schedule_names_the_fix(tmp_path):
             pass
 
 
-def test_ddp_run_writes_a_trace_per_rank_summarised_side_by_side(tmp_path):
-    from tutorial_lib.engine import launch
-
-    launch(tiny(tmp_path / "ddp", **PROFILE), nproc=2, timeout=240)
-    s = summarize(tmp_path / "ddp")
-    assert [t.worker for t in s] == ["rank0", "rank1"]
-    for t in s:
-        assert_parts_add_up(t)
-        assert t.parts_ms["comm"] > 0  # gloo all-reduce of the gradients
-    table = s.side_by_side()
-    assert "rank0" in table and "rank1" in table and "communication" in table
+def test_the_traces_study_profiles_one_device_and_each_ddp_rank(tmp_path, one_thread, capsys):
+    """`python -m tutorial_lib study traces --small` (scripts/gpu/profiling.sh on a GPU): the fixture, the baseline
+    and a 2-rank DDP run (one trace per rank, summarised side by side), each checked, in a table and two plots."""
+    assert studies.run("traces", size.Size(True, "test"), tmp_path) == {}  # tables only, no reference record
+    record = json.loads((tmp_path / "traces.json").read_text())
+    assert list(record) == ["fixture", "baseline_fp32", "ddp_2ranks"]
+    fixture = tmp_path / "fixtures" / "cpu_resnet18_imagenet_fp32.pt.trace.json.gz"
+    assert fixture.stat().st_size < 700_000 and summarize(fixture)[0].steps  # a file the repository can hold
+    for name, r in record.items():
+        for step, parts in zip(r["step_ms"], r["parts_ms"]):
+            assert sum(parts.values()) == pytest.approx(step, rel=TOLERANCE, abs=0.01), name
+    ddp = record["ddp_2ranks"]
+    assert ddp["ranks"] == 2 and all(p["comm"] > 0 for p in ddp["parts_ms"])  # gloo all-reduce of the gradients
+    assert "rank1" in capsys.readouterr().out  # side by side
+    assert {f.name for f in (tmp_path / "figures").iterdir()} == {"baseline_fp32.png", "ddp_2ranks.png"}
+    table = (tmp_path / "traces.md").read_text()
+    assert "| ddp_2ranks | rank1 |" in table and "| baseline_fp32 | rank0 |" in table
 
 
 def test_summarize_names_the_fix_when_there_is_no_trace(tmp_path):
@@ -227,7 +234,7 @@ def test_host_view_of_a_synthetic_trace_gives_the_known_parts(tmp_path):
 
 def test_recorded_gpu_trace_summary(tmp_path):
     if not GPU_FIXTURE.exists():
-        pytest.skip("fixture not recorded yet: scripts/gpu/profiling.sh records it on a GPU")
+        pytest.skip("fixture not recorded yet: python -m tutorial_lib study traces records it on a GPU")
     s = summarize(GPU_FIXTURE)[0]
     assert s.view == "gpu" and s.steps
     assert_parts_add_up(s)

@@ -1,12 +1,19 @@
 """The one size switch and the study runner (python -m tutorial_lib study): what a GPU study writes, and its
-errors. Each registered study's own small mode is tested beside its lesson's tests."""
+errors; the small mode of the checks of the loop (measure, spine) and the doctor's GPU record. The other studies'
+small modes are tested beside their lessons' tests (test_ladder, test_bench, test_profiling)."""
 import json
+import re
+from pathlib import Path
 
 import pytest
 
+from tutorial_lib import doctor, reference
 from tutorial_lib.__main__ import main
 from tutorial_lib.config import UserError
 from tutorial_lib.lessons import size, studies
+from tutorial_lib.sitecheck import Check
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_size_is_decided_by_flag_then_environment_then_machine(monkeypatch):
@@ -49,7 +56,7 @@ def test_a_small_study_writes_its_reference_record_into_out_only(tiny, tmp_path,
 
 
 def test_reference_needs_full_sizes(tiny, tmp_path):
-    with pytest.raises(UserError, match="drop --small"):
+    with pytest.raises(UserError, match="without --small"):
         studies.run("tiny", size.Size(True, "test"), tmp_path, write_reference=True)
 
 
@@ -63,3 +70,73 @@ def test_the_cli_lists_studies_and_refuses_an_unknown_one(tiny, capsys):
 def test_every_registered_study_names_a_function_that_exists():
     for study in studies.STUDIES.values():
         assert callable(study.function()), study.name
+
+
+def test_the_notebook_session_is_the_one_size(monkeypatch):
+    from tutorial_lib import notebook
+
+    monkeypatch.setenv(size.ENV, "small")
+    s = notebook.setup(quiet=True)
+    assert isinstance(s, size.Size) and s.small and s.pick(1, 2) == 1 and "WORKBOOK_SIZE" in s.why
+
+
+def test_every_study_is_tested_in_its_small_mode():
+    """Each registered study's small mode runs somewhere in tests/: a test file that calls `studies.run(` names
+    the study (`studies.run("NAME", ...)`, or its name in a list it runs)."""
+    texts = [p.read_text() for p in (ROOT / "tests").glob("test_*.py")]
+    tested = {w for t in texts if "studies.run(" in t for w in re.findall(r"\"(\w+)\"", t)}
+    assert set(studies.STUDIES) <= tested, f"no small-mode test for {sorted(set(studies.STUDIES) - tested)}"
+
+
+def test_the_measure_study_checks_one_way_to_measure(tmp_path, one_thread):
+    """scripts/gpu/measure.sh on a GPU: train and bench on one loader-bound run, TensorBoard's rate, a profiled
+    run of 2 cycles without warnings, two verdicts; its figures in the reference record `measure`."""
+    written = studies.run("measure", size.Size(True, "test"), tmp_path)
+    record = reference.load("measure", tmp_path)
+    assert set(written) == {"measure"} and record["card"] == "CPU (small mode)"
+    f = record["figures"]
+    lb = f["loader_bound"]
+    assert lb["train_img_s"] > 0 and lb["bench_full_img_s"] > 0 and lb["batch_size"] == 8
+    assert lb["bench_full_windows"][0] <= lb["bench_full_img_s"] <= lb["bench_full_windows"][1]
+    assert lb["step_ms"]["p10"] <= lb["step_ms"]["median"] <= lb["step_ms"]["p90"]
+    assert f["tensorboard"]["points"] >= 2 and f["tensorboard"]["median_img_per_s"] > 0
+    assert f["profiler_clears_events_warnings"] == 0
+    assert set(f["verdicts"]) == {"gpu_resident", "8 workers"}
+    assert all(v["bound"] in ("input", "compute", "launch", "balanced") and v["verdict"] for v in f["verdicts"].values())
+
+
+def test_the_spine_study_tabulates_one_device_and_two_ranks(tmp_path, one_thread):
+    """scripts/gpu/spine.sh on a GPU: fp32 and bf16 + channels_last on one GPU, DDP on 1 and 2 (small: fp32 +
+    channels_last, DDP on 2 gloo processes), one table; no reference record."""
+    assert studies.run("spine", size.Size(True, "test"), tmp_path) == {}
+    rows = {r["run"]: r for r in json.loads((tmp_path / "spine.json").read_text())}
+    assert list(rows) == ["fp32", "fp32_cl", "ddp2"]
+    assert rows["ddp2"]["ranks"] == 2 and rows["ddp2"]["in sync"] and rows["fp32"]["ranks"] == 1
+    assert all(r["img/s"] > 0 and r["val acc %"] is not None for r in rows.values())
+    text = (tmp_path / "spine.md").read_text()
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + len(rows) and "| ddp2 | CPU" in text
+    assert "DDP on 2: " in text and "weak-scaling efficiency" in text  # against fp32_cl, the run without DDP
+
+
+def test_doctor_out_writes_the_report_and_the_gpu_lines_as_a_reference_record(tmp_path, monkeypatch, capsys):
+    """scripts/gpu/doctor.sh: `doctor --out DIR --reference` (here the checks are given, as a GPU node's)."""
+    checks = [Check("gpus", "PASS", "4 GPU(s): NVIDIA H100 80GB HBM3", seconds=1.0),
+              Check("nccl", "PASS", "all-reduce over 4 nccl ranks correct", seconds=9.0),
+              Check("slurm", "SKIP", "no Slurm here", seconds=0.5)]
+    gpu = {"torch": "2.11.0+cu130", "gpus": [["NVIDIA H100 80GB HBM3", 79.2]] * 4}
+    monkeypatch.setattr(doctor, "run", lambda opts, show=True: doctor.Report(checks, torch=gpu))
+    monkeypatch.setattr(reference, "FOLDER", tmp_path / "committed")
+    assert main(["doctor", "--out", str(tmp_path / "out"), "--reference"]) == 0
+    report = json.loads((tmp_path / "out" / "doctor.json").read_text())
+    assert [c["name"] for c in report["checks"]] == ["gpus", "nccl", "slurm"]
+    assert "SKIP  slurm" in (tmp_path / "out" / "doctor.txt").read_text()
+    for folder in (tmp_path / "out" / "reference", tmp_path / "committed"):
+        record = reference.load("doctor", folder)
+        assert (record["card"], record["gpus"], record["torch"]) == ("NVIDIA H100 80GB HBM3", 4, "2.11.0+cu130")
+        assert record["figures"] == {"gpus": "PASS: 4 GPU(s): NVIDIA H100 80GB HBM3",
+                                     "nccl": "PASS: all-reduce over 4 nccl ranks correct", "seconds_all_checks": 10.5}
+    monkeypatch.setattr(doctor, "run", lambda opts, show=True: doctor.Report(checks, torch={"torch": "2.14.1"}))
+    assert main(["doctor", "--out", str(tmp_path / "cpu"), "--reference"]) == 2  # no GPU: nothing committed
+    assert "no CUDA GPU is visible" in capsys.readouterr().err
+    assert reference.load("doctor", tmp_path / "cpu" / "reference")["card"] == "none (no CUDA GPU visible)"

@@ -4,15 +4,18 @@
     python -m tutorial_lib train --config configs/baseline.yaml precision=bf16
     torchrun --nproc_per_node=2 -m tutorial_lib train parallel=ddp ...
     python -m tutorial_lib bench loader=gpu_resident precision=bf16     # IO / SYNTHETIC / FULL and a verdict
-    python -m tutorial_lib ladder                                       # notebook 04's optimization ladder
+    python -m tutorial_lib ladder --small                               # notebook 04's optimization ladder
     python -m tutorial_lib study --list                                 # the GPU studies behind the notebooks
+    python -m tutorial_lib study ladder --reference                     # one of them, on a GPU node
     python -m tutorial_lib data fetch cifar10                           # on a login node with internet
     python -m tutorial_lib jobs render --site generic --name demo steps=100
     python -m tutorial_lib jobs submit jobs/demo.sbatch --wait
     python -m tutorial_lib doctor                                       # the workshop pre-flight
 
-Each subcommand is one function below; each imports the module that does the work, so "go to definition"
-from here lands in the right file. Bad input ends in one line, `error: ...`, and exit code 2.
+Each subcommand is one function below, calling the module that does the work, so "go to definition" from here
+lands in the right file. The torch-free modules are imported here at the top; a module that imports torch is
+imported inside its subcommand (after the arguments are checked), so that `jobs` runs on a login node without
+torch and bad input fails at once. Bad input ends in one line, `error: ...`, and exit code 2.
 """
 from __future__ import annotations
 
@@ -23,7 +26,14 @@ import sys
 import time
 from dataclasses import fields
 
+from . import doctor as doctor_module, perfdoc, reference
 from .config import UserError, key_help, load
+from .jobs import DEFAULT_LINE_PROFILE, Resources, render_command, render_record, shown_path
+from .jobs import stale as stale_jobs, submit as submit_job, write as write_job
+from .lessons import size, studies
+from .results import result_line
+from .sites import default_site, load_site, site_names
+from .slurm import Job
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -48,7 +58,7 @@ def train(argv: list[str]) -> int:
     _config_args(p)
     args = p.parse_args(argv)
     cfg = load(args.config, args.overrides)  # bad input fails here, before torch is imported
-    from . import engine
+    from . import engine  # imports torch
 
     started = time.time()
     try:
@@ -64,7 +74,7 @@ def train(argv: list[str]) -> int:
 
 # ---------------------------------------------------------------------------------------------- bench
 def bench(argv: list[str]) -> int:
-    from .lessons import bench as bench_module
+    from .lessons import bench as bench_module  # imports torch
 
     p = _parser("python -m tutorial_lib bench", bench_module.__doc__.split("\n\n", 1)[1])
     p.add_argument("--steps", type=int, help="timed steps per measure (default: steps=, else 100)")
@@ -89,23 +99,33 @@ def bench(argv: list[str]) -> int:
 
 # ---------------------------------------------------------------------------------------------- ladder
 def ladder(argv: list[str]) -> int:
-    from .lessons import ladder as ladder_module
-
-    p = argparse.ArgumentParser(prog="python -m tutorial_lib ladder", description=ladder_module.__doc__.split(
-        "\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--small", action="store_true", help="tiny sizes: every rung a CPU can run, in under a minute")
+    p = argparse.ArgumentParser(prog="python -m tutorial_lib ladder", description="The optimization ladder of "
+                                "notebook 04, every rung measured in this process (tutorial_lib/lessons/ladder.py).")
+    p.add_argument("--small", action="store_true", help="tiny sizes: every rung a CPU can run, in minutes (default: "
+                   "small without a GPU, or as $WORKBOOK_SIZE says)")
     p.add_argument("--only", help="comma-separated rungs to measure (the others are left out)")
     p.add_argument("--compile-on-cpu", action="store_true", help="also run the compiled rungs on a CPU (minutes)")
     p.add_argument("--out", default="runs/04_ladder", help="where ladder.json and ladder.md go")
     p.add_argument("--trace", action="store_true", help="also profile the bf16 eager and the last rung (GPU)")
-    p.add_argument("--reference", action="store_true", help="write notebooks/reference/04_ladder*.json (GPU)")
     p.add_argument("--roofline", action="store_true", help="only the traces, their kernel classes against the card's "
                    "peak (with --reference: notebooks/reference/04_roofline_<card>.json)")
+    p.add_argument("--reference", action="store_true", help="with --roofline: write its reference records (GPU)")
+    p.add_argument("--doc", action="store_true", help="measure nothing: render docs/performance.md again from "
+                   "notebooks/reference/04_ladder_*.json and 04_roofline_*.json")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="changes to the base (fp32) rung")
     args = p.parse_args(argv)
-    cfg = load(None, args.overrides)  # bad keys fail here, before torch is imported
+    if args.doc:
+        print(f"wrote {perfdoc.write()} from the reference files in {reference.FOLDER}")
+        return 0
+    if args.reference and not args.roofline:
+        raise UserError("the ladder's reference records come from `python -m tutorial_lib study ladder --reference` "
+                        "(the ladder, its traces and the bench at configs/optimized.yaml); --reference here goes "
+                        "with --roofline")
+    cfg = load(None, args.overrides)
     given = {key: getattr(cfg, key) for key in (o.split("=", 1)[0].strip() for o in args.overrides)}
-    sizes = ladder_module.SMALL if args.small else ladder_module.GPU
+    from .lessons import ladder as ladder_module  # imports torch
+
+    sizes = ladder_module.sizes_for(size.current(args.small))
     if args.roofline:
         return roofline(ladder_module, sizes, given, args.reference)
     from .results import make_folder
@@ -116,27 +136,16 @@ def ladder(argv: list[str]) -> int:
     json_path, md_path = ladder_module.save(rows, args.out, trace)
     print(ladder_module.markdown(rows))
     print(f"wrote {json_path} and {md_path}")
-    if args.reference:
-        from . import reference
-
-        figures = ladder_module.reference_figures(rows, trace)
-        device = next(r["device"] for r in rows if not r["skipped"])
-        for name in ladder_module.reference_names("04_ladder", device):
-            print(f"wrote {reference.write(name, figures, script='scripts/gpu/ladder.sh')}")
     return 0
 
 
 def roofline(ladder_module, sizes, given: dict, write: bool) -> int:
     """`ladder --roofline`: profile the traced rungs only and print each one's kernel classes against the peak."""
-    from .lessons import roofline as roofline_module
-
     trace = ladder_module.traces(sizes, given)
     for name, t in trace.items():
-        print("\n".join(roofline_module.roofline_lines(t, name)) or f"{name}: {t.get('error', 'no tensor-core kernels')}")
+        print("\n".join(perfdoc.roofline_lines(t, name)) or f"{name}: {t.get('error', 'no tensor-core kernels')}")
     device = next((t["device"] for t in trace.values() if "device" in t), None)
     if write and device:
-        from . import reference
-
         for name in ladder_module.reference_names("04_roofline", device):
             print(f"wrote {reference.write(name, {'traces': trace}, script='python -m tutorial_lib ladder --roofline')}")
     return 0
@@ -144,13 +153,12 @@ def roofline(ladder_module, sizes, given: dict, write: bool) -> int:
 
 # ---------------------------------------------------------------------------------------------- study
 def study(argv: list[str]) -> int:
-    from .lessons import size, studies
-
     p = argparse.ArgumentParser(prog="python -m tutorial_lib study", description=studies.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", nargs="?", help="the study to run (--list names them)")
     p.add_argument("--list", action="store_true", help="list the studies and exit")
-    p.add_argument("--small", action="store_true", help="tiny sizes on this machine (the CPU check)")
+    p.add_argument("--small", action="store_true", help="tiny sizes on this machine (the CPU check; default: small "
+                   "without a GPU, or as $WORKBOOK_SIZE says)")
     p.add_argument("--reference", action="store_true", help="also write notebooks/reference/ (full sizes, a GPU)")
     p.add_argument("--out", help="where its tables, logs and reference records go (default: runs/study_NAME)")
     args = p.parse_args(argv)
@@ -172,7 +180,7 @@ def data(argv: list[str]) -> int:
     s = sub.add_parser("status", help="which datasets are staged")
     s.add_argument("--data-dir", default="data")
     args = p.parse_args(argv)
-    from . import data as data_module
+    from . import data as data_module  # imports torch
 
     if args.cmd == "fetch":
         for name in args.name:
@@ -198,9 +206,6 @@ def jobs(argv: list[str]) -> int:
 
 
 def _jobs_parser() -> argparse.ArgumentParser:
-    from .jobs import DEFAULT_LINE_PROFILE, Resources
-    from .sites import default_site, site_names
-
     p = argparse.ArgumentParser(prog="python -m tutorial_lib jobs",
                                 description="Render, submit and follow the workbook's Slurm jobs.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -237,14 +242,12 @@ def _jobs_parser() -> argparse.ArgumentParser:
 
 
 def _jobs_render(args) -> int:
-    from .jobs import Resources, shown_path, write
-
     values = {f.name: getattr(args, f.name) for f in fields(Resources) if getattr(args, f.name) is not None}
     if args.command and (args.overrides or args.config or args.sweep or args.point):
         raise UserError("--command runs a command of yours: leave out key=value overrides, --config and sweeps")
     sweep = _sweep_from_cli(args.sweep, [shlex.split(point) for point in args.point])
     cfg = None if args.command else load(args.config, args.overrides)
-    path = write(args.name, cfg, site=args.site, command=args.command, sweep=sweep, description=args.description,
+    path = write_job(args.name, cfg, site=args.site, command=args.command, sweep=sweep, description=args.description,
                  jobs_dir=args.jobs_dir, show=args.show, **values)
     print(shown_path(path))
     return 0
@@ -275,10 +278,7 @@ def _sweep_from_cli(grid: list[str], points: list[list[str]]) -> dict | list | N
 
 
 def _jobs_submit(args) -> int:
-    from .jobs import submit
-    from .results import result_line
-
-    job = submit(args.path)
+    job = submit_job(args.path)
     print(f"submitted job {job.id}: {args.path}")
     if not args.wait:
         print(f"follow it: squeue -j {job.id}; python -m tutorial_lib jobs status {job.id}")
@@ -296,25 +296,19 @@ def _jobs_submit(args) -> int:
 
 
 def _jobs_status(args) -> int:
-    from .slurm import Job
-
     for task, state in Job(args.job_id).states().items():
         print(f"{task} {state}")
     return 0
 
 
 def _jobs_sites(args) -> int:
-    from .sites import load_site, site_names
-
     for name in site_names():
         print(f"{name:12s} {load_site(name).description}")
     return 0
 
 
 def _jobs_check(args) -> int:
-    from .jobs import render_command, render_record, shown_path, stale
-
-    bad = stale(args.jobs_dir)
+    bad = stale_jobs(args.jobs_dir)
     for path in bad:
         print(f"stale: {shown_path(path)} (render it again from its notebook, or: "
               f"{render_command(render_record(path))})")
@@ -324,8 +318,6 @@ def _jobs_check(args) -> int:
 # ---------------------------------------------------------------------------------------------- doctor
 def doctor(argv: list[str]) -> int:
     """`doctor`: the workshop pre-flight (tutorial_lib/doctor.py)."""
-    from . import doctor as doctor_module
-
     return doctor_module.cli(argv)
 
 

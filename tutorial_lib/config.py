@@ -330,11 +330,6 @@ class TrainConfig:
         return path
 
 
-def named_configs() -> str:
-    """The YAML files in configs/, e.g. 'baseline.yaml, optimized.yaml'."""
-    return ", ".join(sorted(p.name for p in CONFIGS_DIR.glob("*.yaml"))) or "none"
-
-
 # Fields a resumed run may change: how long it runs (to extend it), what it reports and how it feeds the
 # same data. Every other field changes what is trained, so resume compares it with the checkpoint's.
 RESUME_MAY_CHANGE = ("steps", "epochs", "data_dir", "out_dir", "resume", "ckpt_every", "timing_warmup", "log_every",

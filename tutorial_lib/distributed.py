@@ -3,7 +3,6 @@ process-group set-up and teardown, and the few collectives the engine needs. (St
 `launcher.py`.)"""
 from __future__ import annotations
 
-import ctypes
 import os
 import pickle
 import platform
@@ -15,6 +14,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from ._gloo_exit import hand_over
 
 
 @dataclass
@@ -170,67 +171,35 @@ def _silent_ranks(env: DistEnv, grace_s: float = 2.0) -> list[int]:
         return []
 
 
-# A gloo collective hands its tensors to one of gloo's worker threads, which drops its reference when the work is
-# done, a little after the caller's wait() returned. For a tensor made in Python, dropping that reference takes the
-# interpreter's lock (torch gives the tensor's Python object back to Python). If the process has meanwhile reached
-# the interpreter's shutdown, Python ends that thread, and the process aborts ("terminate called without an
-# active exception": a core dump of a rank at the end of a loaded CPU run showed exactly this, in
-# ~AsyncAllreduceWork). So every collective here hands its tensors over through `_hand_over`: the caller gets them
-# back only once gloo has let go of them, and each kind's last ones are kept for the life of the process in a dict
-# never freed.
-_HELD: dict = {}
-ctypes.pythonapi.Py_IncRef(ctypes.py_object(_HELD))
-
-
-def _hand_over(env: DistEnv, kind: str, *tensors: torch.Tensor):
-    """Before a collective of this `kind` on `tensors`: keep them until the process ends (the previous ones of
-    the same kind are freed here, by this thread), and return the function to call once the collective is done
-    and its work dropped, which waits until gloo's threads have let go of them."""
-    _HELD[kind] = tensors
-    before = [t._use_count() for t in tensors]  # C++ references: 1 when Python alone holds the tensor
-    return lambda: _let_go(env, tensors, before)
-
-
-def _let_go(env: DistEnv, tensors, before: list[int], timeout_s: float = 2.0) -> None:
-    """Wait until gloo's worker threads hold no reference to `tensors` (each back to its count `before` the
-    collective): no worker touches a Python tensor after this returns, so none can during shutdown."""
-    if env.backend != "gloo":
-        return
-    deadline = time.monotonic() + timeout_s
-    while any(t._use_count() > b for t, b in zip(tensors, before)) and time.monotonic() < deadline:
-        time.sleep(0.0002)
-
-
 def _device(env: DistEnv) -> torch.device:
     return env.device if env.backend == "nccl" else torch.device("cpu")
 
 
 def all_gather(value, env: DistEnv) -> list:
     """Every rank's `value` (any picklable), on every rank; [value] when not distributed. (torch's
-    all_gather_object, its tensors handed over through `_hand_over`.)"""
+    all_gather_object, its tensors handed over to gloo safely: _gloo_exit.hand_over.)"""
     if not env.distributed:
         return [value]
     data = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8)
     size = torch.tensor([data.numel()], dtype=torch.long, device=_device(env))
     sizes = [torch.zeros_like(size) for _ in range(env.world_size)]
     with collective("all_gather", env):
-        done = _hand_over(env, "all_gather sizes", size, *sizes)
+        done = hand_over(env.backend, "all_gather sizes", size, *sizes)
         dist.all_gather(sizes, size)
         done()
         n = max(int(s.item()) for s in sizes)
         mine = torch.zeros(n, dtype=torch.uint8, device=_device(env))
         mine[:data.numel()] = data.to(mine.device)
         out = [torch.empty_like(mine) for _ in range(env.world_size)]
-        done = _hand_over(env, "all_gather", mine, *out)
+        done = hand_over(env.backend, "all_gather", mine, *out)
         dist.all_gather(out, mine)
         done()
     return [pickle.loads(o[:int(s.item())].cpu().numpy().tobytes()) for o, s in zip(out, sizes)]
 
 
 def all_reduce(t: torch.Tensor, env: DistEnv, name: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
-    """All-reduce `t` in place over the ranks (handed over through `_hand_over`; a `collective` error naming the
-    silent ranks)."""
-    done = _hand_over(env, name, t)
+    """All-reduce `t` in place over the ranks (a `collective` error naming the silent ranks)."""
+    done = hand_over(env.backend, name, t)
     with collective(name, env):
         dist.all_reduce(t, op=op)
     done()
@@ -270,7 +239,7 @@ def start_average(params: list, env: DistEnv, dtype: torch.dtype | None = None):
     flat = flatten(grads)
     sent = flat.to(dtype) if dtype is not None and dtype != flat.dtype else flat
     average = env.backend == "nccl"  # NCCL averages as it sums: no extra pass over the buffer; gloo has no AVG
-    done = _hand_over(env, "gradients", sent)
+    done = hand_over(env.backend, "gradients", sent)
     work = dist.all_reduce(sent, op=dist.ReduceOp.AVG if average else dist.ReduceOp.SUM, async_op=True)
 
     def land() -> None:
@@ -296,7 +265,7 @@ def broadcast_(tensors: list, env: DistEnv, src: int = 0) -> None:
         by_dtype.setdefault(t.dtype, []).append(t)
     for group in by_dtype.values():
         flat = flatten(group)
-        done = _hand_over(env, "broadcast", flat)
+        done = hand_over(env.backend, "broadcast", flat)
         dist.broadcast(flat, src)
         done()
         torch._foreach_copy_(group, views_of(flat, group))  # one kernel, not one per tensor (~60 BatchNorm buffers)
@@ -350,7 +319,7 @@ class StopVote:
         """Start the all-reduce of this rank's `flag` (the answer is read by `_land`)."""
         nccl = self.env.backend == "nccl"
         t = torch.full((1,), int(flag), dtype=torch.int32, device=_device(self.env))
-        done = _hand_over(self.env, "stop vote", t)
+        done = hand_over(self.env.backend, "stop vote", t)
         work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
         if nccl:
             work.wait()  # with NCCL: the current stream waits for the all-reduce; the host does not

@@ -26,11 +26,11 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from . import sites
+from . import reference, sites
+from .config import ROOT, UserError, default_workers, usable_cpus
 from .sitecheck import SITE_CHECKS, Check, SiteFacts, shown as _shown
 from .sitecheck import run_command as _run
 
-ROOT = Path(__file__).resolve().parents[1]
 STATUSES = ("PASS", "WARN", "FAIL", "SKIP")
 LOCK = ROOT / "requirements.lock"
 MIN_DRIVER = {11: (450, 80), 12: (525, 60), 13: (580, 65)}  # CUDA major -> oldest Linux driver that runs it
@@ -60,6 +60,7 @@ class Options:
 class Report:
     checks: list[Check]
     host: str = field(default_factory=socket.gethostname)
+    torch: dict = field(default_factory=dict)  # what the torch probe found (version, GPUs), when it ran
 
     @property
     def ok(self) -> bool:
@@ -93,13 +94,6 @@ def _existing(path: Path) -> Path:
 
 def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
-
-
-def _worker_rule():
-    """The workbook's DataLoader worker rule, from its one home."""
-    from .config import default_workers, usable_cpus
-
-    return usable_cpus, default_workers
 
 
 TORCH_PROBE = r"""
@@ -328,10 +322,9 @@ def _allreduce_rank(rank: int, backend: str, nproc: int, port: int) -> None:
 
 # ---------------------------------------------------------------------------------------- CPUs, memory, disks
 def check_cpus(ctx: Context) -> Check:
-    cpus_per_task, default_workers = _worker_rule()
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     slurm = os.environ.get("SLURM_CPUS_PER_TASK")
-    usable, workers = cpus_per_task(), default_workers()
+    usable, workers = usable_cpus(), default_workers()  # the workbook's DataLoader worker rule, from its one home
     text = (f"{usable} usable CPUs (affinity {affinity} of {os.cpu_count()} on the node, SLURM_CPUS_PER_TASK "
             f"{slurm or 'unset'}): the worker rule gives {workers} DataLoader worker(s)")
     if slurm and not slurm.strip().isdigit():  # Slurm sets a number; this one was set by hand (and is ignored)
@@ -470,7 +463,7 @@ def run(options: Options | None = None, show: bool = True, **values) -> Report:
                            f"{type(e).__name__}: {e}", "report it with python -m tutorial_lib doctor --json")
         result.seconds = round(time.perf_counter() - t0, 2)
         checks.append(result)
-    report = Report(checks)
+    report = Report(checks, torch=ctx.torch)
     if show:
         print(report.table())
     return report
@@ -497,10 +490,41 @@ def cli(argv: list[str]) -> int:
     p.add_argument("--proxy-module", default=d.proxy_module, help="the proxy's module (%(default)s)")
     p.add_argument("--server-python", help="the Python of the Jupyter server (default: found from the server)")
     p.add_argument("--timeout", type=float, default=d.timeout, help="seconds per command (%(default)s)")
+    p.add_argument("--out", help="also write DIR/doctor.json, DIR/doctor.txt and the GPU checks as the reference "
+                   "record DIR/reference/doctor.json (the GPU node's run, scripts/gpu/doctor.sh)")
+    p.add_argument("--reference", action="store_true", help="with --out: also notebooks/reference/doctor.json")
     args = vars(p.parse_args(argv))
-    as_json = args.pop("json")
+    as_json, out, write_reference = args.pop("json"), args.pop("out"), args.pop("reference")
+    if write_reference and not out:
+        raise UserError("--reference goes with --out DIR (where the report is written too)")
     args["need"] = tuple(args["need"])
     report = run(Options(**args), show=not as_json)
     if as_json:
         print(report.to_json())
+    if out:
+        print("wrote " + ", ".join(str(p) for p in save(report, Path(out), write_reference)), file=sys.stderr)
     return 0 if report.ok else 1
+
+
+GPU_CHECKS = ("gpus", "driver", "bf16", "nccl")  # the lines a GPU node's reference record keeps
+
+
+def save(report: Report, out: Path, write_reference: bool = False) -> list[Path]:
+    """`--out`: the report as JSON and as the table, and its GPU lines as the reference record `doctor` (in
+    out/reference/; with --reference also in notebooks/reference/, only from a machine with a CUDA GPU)."""
+    (out / "reference").mkdir(parents=True, exist_ok=True)
+    paths = [out / "doctor.json", out / "doctor.txt"]
+    paths[0].write_text(report.to_json() + "\n")
+    paths[1].write_text(report.table() + "\n")
+    figures = {c.name: f"{c.status}: {c.message}" for c in report.checks if c.name in GPU_CHECKS}
+    figures["seconds_all_checks"] = round(sum(c.seconds for c in report.checks), 1)
+    gpus = report.torch.get("gpus") or []
+    where = {"card": gpus[0][0] if gpus else "none (no CUDA GPU visible)", "gpus": len(gpus),
+             "torch_version": report.torch.get("torch", "not importable")}
+    script = "python -m tutorial_lib doctor --out"
+    paths.append(reference.write("doctor", figures, script=script, folder=out / "reference", **where))
+    if write_reference:
+        if not gpus:
+            raise UserError("--reference records a GPU node's checks, but no CUDA GPU is visible here")
+        paths.append(reference.write("doctor", figures, script=script, **where))
+    return paths

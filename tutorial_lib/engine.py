@@ -2,8 +2,7 @@
 
 Read `Run.fit` top to bottom: fetch a batch, copy it to the device, forward under autocast, backward,
 optimizer step; around it the step clock (meters.py), TensorBoard scalars, checkpoints and a profiler hook.
-Precision set-up lives in precision.py, checkpoint files and stop signals in checkpoint.py.
-"""
+Precision set-up lives in precision.py, checkpoint files and stop signals in checkpoint.py."""
 from __future__ import annotations
 
 import math
@@ -85,7 +84,7 @@ class Run:
             self.raw_model = self.raw_model.to(memory_format=torch.channels_last)
         self.model = self.wrap(self.raw_model)
         self.opt = self.make_optimizer()
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg, self.total_steps))
+        self.restart_schedule()
         self.graphed = stepgraph.GraphedStep(self.graph_body, self.opt, self.device) if cfg.cuda_graph else None
         self.scaler = grad_scaler(cfg, self.device)
         self.skipped = SkippedSteps()
@@ -160,6 +159,9 @@ class Run:
             raise ConfigError(f"optimizer_impl={cfg.optimizer_impl!r} does not work for optimizer={cfg.optimizer!r} "
                               f"on {self.device.type} with torch {torch.__version__} ({e}); use "
                               "optimizer_impl=auto") from None
+
+    def restart_schedule(self) -> None:  # from step 1: into the optimizer, or the tensor a CUDA graph reads
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.cfg, self.total_steps))
 
     # ------------------------------------------------------------------ one step
     def prepare(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,15 +11,11 @@ from .config import ROOT
 from .lessons import size as sizes
 
 
-@dataclass
-class Session:
-    device: str  # "cuda" or "cpu"
-    gpus: int
-    small: bool  # True: CPU-sized runs (CI, laptops); False: full sizes on a GPU
-
-    def pick(self, small, full):
-        """`small` on a CPU machine, `full` on a GPU: e.g. steps = s.pick(60, 2000)."""
-        return small if self.small else full
+@dataclass(frozen=True)
+class Session(sizes.Size):
+    """The notebook's size (`small`, `pick(small, full)`: the one size switch, lessons.size) and its devices."""
+    device: str = "cpu"  # "cuda" or "cpu"
+    gpus: int = 0
 
 
 def setup(quiet: bool = False) -> Session:
@@ -41,13 +37,16 @@ def setup(quiet: bool = False) -> Session:
         os.environ.setdefault("TENSORBOARD_PROXY_URL", proxy + "%PORT%/")
     gpus = torch.cuda.device_count()
     size = sizes.current()
-    s = Session("cuda" if gpus else "cpu", gpus, size.small)
+    s = Session(size.small, size.why, "cuda" if gpus else "cpu", gpus)
     if not quiet:
         where = f"{gpus} GPU(s): {torch.cuda.get_device_name(0)}" if gpus else f"CPU only ({os.cpu_count()} cores)"
-        print(f"workbook ready | torch {torch.__version__} | {where} | sizes: {size.name}")
-        if s.small:
+        print(f"workbook ready | torch {torch.__version__} | {where} | sizes: {s.name}")
+        if s.small and not gpus:
             print("** SMALL SIZES: no GPU here, so runs are shortened to finish in seconds on a CPU. "
                   "The numbers show the method, not GPU performance. **")
+        elif s.small:
+            print(f"** SMALL SIZES ({s.why}): runs are shortened to finish in seconds. The numbers show the method, "
+                  "not what this GPU can do. **")
     return s
 
 

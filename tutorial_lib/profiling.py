@@ -8,15 +8,22 @@ reports that print into the cell, and (in trace_summary) an offline summary of a
 from __future__ import annotations
 
 import io
+import json
+import linecache
 import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from . import tensorboard
+from .config import ConfigError, UserError
 from .meters import PARTS
-
 
 
 class _NoProfiler:
@@ -59,8 +66,6 @@ def profiler(cfg, env):
         return
     needed = cfg.profile_wait + cfg.profile_warmup + cfg.profile_active
     if cfg.steps is not None and cfg.steps < needed:
-        from .config import ConfigError
-
         raise ConfigError(f"profile=true records steps {needed - cfg.profile_active + 1}-{needed} (profile_wait="
                           f"{cfg.profile_wait} + profile_warmup={cfg.profile_warmup} + profile_active="
                           f"{cfg.profile_active}) but steps={cfg.steps}; use steps={needed} or more, or fewer "
@@ -90,8 +95,6 @@ def start_tensorboard(logdir: str | os.PathLike = "runs"):
     """tl.tensorboard.start(logdir), restarted if it already runs: the PyTorch Profiler plugin reads a run once,
     when it first sees it, so a TensorBoard started before a trace was (re)written shows the old trace or none.
     (Notebook 02 teaches it.)"""
-    from . import tensorboard
-
     for tb in tensorboard.running():
         if Path(tb.logdir).resolve() == Path(logdir).resolve():
             tensorboard.stop(tb)
@@ -105,12 +108,6 @@ def profiler_runs(board, wait_for: str | None = None, timeout: float = 60) -> di
     background: this waits until it is done loading and, if given, lists the run `wait_for` (at most `timeout` s).
     (Notebook 02 teaches it.)
     """
-    import json
-    import time
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-
     def get(path):
         try:
             with urllib.request.urlopen(board.local_url + "data/plugin/pytorch_profiler/" + path, timeout=10) as r:
@@ -118,8 +115,6 @@ def profiler_runs(board, wait_for: str | None = None, timeout: float = 60) -> di
         except urllib.error.HTTPError as e:
             if e.code != 404:
                 raise
-            from .config import UserError
-
             raise UserError(f"TensorBoard at {board.local_url} has no PyTorch Profiler plugin; install it with "
                             "`pip install torch-tb-profiler` and restart TensorBoard") from None
 
@@ -214,8 +209,6 @@ class LineReport:
 
 
 def _source_lines(filename: str) -> list[str]:
-    import linecache
-
     return linecache.getlines(filename)
 
 

@@ -20,10 +20,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .config import UserError
+from .config import ROOT, UserError
 from .results import atomic_write_text
 
-FOLDER = Path(__file__).resolve().parents[1] / "notebooks" / "reference"
+FOLDER = ROOT / "notebooks" / "reference"
 KEYS = ("card", "gpus", "torch", "date", "script", "figures")
 ENV = "WORKBOOK_REFERENCE_DIR"  # set by the GPU runner: record() writes there
 

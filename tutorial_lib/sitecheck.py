@@ -25,9 +25,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 from . import jobs, sites
-from .config import TrainConfig, UserError
-
-ROOT = Path(__file__).resolve().parents[1]
+from .config import ROOT, TrainConfig, UserError
 
 
 @dataclass

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Execute notebooks top to bottom on a GPU machine and record their reference figures: every
-# `tl.reference.record(name, ...)` in a cell writes notebooks/reference/<name>.json (card, torch, date), and the
-# fingerprint of the recording cells is stamped in, so tests/test_reference.py can tell when a notebook changed
-# after its reference run. Needs Jupyter's kernel (the wheel kit of shared/gpu/README.md on the lent machines).
+# Execute notebooks top to bottom on a GPU machine and record their reference figures
+# (scripts/run_notebooks.py --reference): every `tl.reference.record(name, ...)` in a cell writes
+# notebooks/reference/<name>.json (card, torch, date), and the fingerprint of the recording cells is stamped in,
+# so tests/test_reference.py can tell when a notebook changed after its reference run. Needs Jupyter's kernel
+# (the wheel kit of shared/gpu/README.md on the lent machines).
 #
 #     OUT=/path/for/results bash scripts/gpu/notebooks.sh notebooks/01_single_gpu.ipynb [...]
 #
@@ -15,16 +16,11 @@ set -euo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 (( $# )) || { echo "usage: OUT=dir bash $0 notebooks/NN_name.ipynb ..." >&2; exit 2; }
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" KINETO_LOG_LEVEL=99 PYTHONUNBUFFERED=1
-export WORKBOOK_REFERENCE_DIR="$PWD/notebooks/reference" WORKBOOK_REFERENCE_SCRIPT=scripts/gpu/notebooks.sh
-python3 -c 'import torch; assert torch.cuda.is_available(), "no CUDA GPU visible"; print("torch", torch.__version__, "|", torch.cuda.device_count(), "x", torch.cuda.get_device_name(0))'
 mkdir -p "$OUT" build/gpu-executed
 status=0
-for nb in "$@"; do
-    # --keep-going: one pass lists every failing cell; the GPU timings come back beside the results
-    python3 scripts/run_notebooks.py --keep-going --timings "$OUT/timings.json" --out build/gpu-executed "$nb" \
-        || status=1
-    python3 -c 'import sys; from tutorial_lib import reference; print(sys.argv[1], "stamped:", reference.stamp(sys.argv[1]))' "$nb"
-done
+# --keep-going: one pass lists every failing cell; the GPU timings come back beside the results
+python3 scripts/run_notebooks.py --reference --keep-going --timings "$OUT/timings.json" --out build/gpu-executed "$@" \
+    || status=1
 tar czf "$OUT/reference.tgz" notebooks/reference
 tar czf "$OUT/executed.tgz" build/gpu-executed
 exit $status

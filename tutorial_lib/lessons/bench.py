@@ -23,8 +23,6 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
 from . import noise
 from .. import data, distributed, engine
 from ..config import TrainConfig, UserError, usable_cpus
@@ -122,19 +120,13 @@ def measure_io(run: engine.Run, clock: StepClock, steps: int, pool_size: int) ->
 
 
 def measure_synthetic(run: engine.Run, clock: StepClock, steps: int, pool: list) -> None:
-    """The training step on distinct batches already on the device; the schedule is rewound afterwards,
-    so FULL trains with the learning rates of a fresh run."""
-    sched = run.sched.state_dict()
+    """The training step on distinct batches already on the device; the schedule restarts afterwards
+    (`Run.restart_schedule`), so FULL trains with the learning rates of a fresh run."""
     clock.start()
     for i in range(steps):
         run.train_step(*pool[i % len(pool)])
         clock.tick()
-    run.sched.load_state_dict(sched)
-    for group, lr in zip(run.opt.param_groups, run.sched.get_last_lr()):
-        if isinstance(group["lr"], torch.Tensor):  # cuda_graph=true: the recorded step reads this tensor
-            group["lr"].fill_(lr)
-        else:
-            group["lr"] = lr
+    run.restart_schedule()
 
 
 def measure_full(run: engine.Run) -> engine.Result:

@@ -4,12 +4,15 @@ one change on top of the last, every rung a real training run (`engine.train`) i
     python -m tutorial_lib ladder                   # the whole ladder on this GPU: about 5-6 minutes on an H100/H200
     python -m tutorial_lib ladder --small           # every rung a CPU can run, with tiny sizes: under a minute
     python -m tutorial_lib ladder dataset=cifar10   # key=value changes the base (the fp32 rung) of every rung
+    python -m tutorial_lib study ladder --reference # the GPU study: the ladder, its traces and the bench at
+                                                    # configs/optimized.yaml into notebooks/reference/04_ladder*.json
 
 fp32 (TF32 off; in NGC containers NVIDIA_TF32_OVERRIDE=0 forces it off too) -> TF32 -> bf16 autocast ->
 channels_last -> fused AdamW -> torch.compile -> mode reduce-overhead (CUDA graphs) -> the whole step as one
-CUDA graph (cuda_graph=true) -> batch 1024 -> the GPU-resident input of notebook 03. Beside the ladder: fp16 + GradScaler instead of bf16; the last rung at
-batch 256; and the ceiling, the last rung's compiled step in a bare loop with none of the engine around it.
-Each row: img/s, step time (median, p10, p90), peak memory, MFU, compile time and the loss after its steps.
+CUDA graph (cuda_graph=true) -> batch 1024 -> the GPU-resident input of notebook 03. Beside the ladder: fp16 +
+GradScaler instead of bf16; the last rung at batch 256; and the ceiling, the last rung's compiled step in a bare
+loop with none of the engine around it. Each row: img/s, step time (median, p10, p90), peak memory, MFU, compile
+time and the loss after its steps. (docs/performance.md is rendered from its records by `perfdoc`.)
 """
 from __future__ import annotations
 
@@ -21,10 +24,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import noise, roofline
-from .roofline import pct
+import torch
+import torch.nn.functional as F
+
+from . import bench, noise, roofline
+from .size import Size
+from .. import config, data, engine, models, peaks, perfdoc, trace_summary
 from ..config import TrainConfig, UserError, default_workers
-from ..results import Result, atomic_write_text
+from ..meters import StepClock, timing_fields, untimed_steps
+from ..precision import autocast
+from ..results import Result, atomic_write_text, load_result
 
 
 @dataclass(frozen=True)
@@ -37,12 +46,22 @@ class Sizes:
     model: str
     train_size: int | None
     budget_s: float  # rungs that would start after this many seconds are skipped (a time cap for the whole ladder)
+    bench_steps: int = 200  # the study's bench at configs/optimized.yaml: timed steps per measure ...
+    bench_window: int = 20  # ... in windows of this many steps
 
 
 GPU = Sizes(batch=256, big_batch=1024, steps=150, big_steps=60, warmup=10, model="resnet18", train_size=None,
             budget_s=330)
 SMALL = Sizes(batch=16, big_batch=64, steps=8, big_steps=4, warmup=2, model="resnet18_imagenet", train_size=256,
-              budget_s=240)
+              budget_s=240, bench_steps=4, bench_window=2)
+# The study skips its bench when the ladder and its traces took longer than this: a call on the lent GPU machines
+# runs at most 10 minutes, and the bench takes about 2.
+BENCH_AFTER_S = 450
+
+
+def sizes_for(size: Size) -> Sizes:
+    """The ladder's sizes at the workbook's size (lessons.size): SMALL or GPU."""
+    return size.pick(SMALL, GPU)
 
 
 @dataclass(frozen=True)
@@ -133,31 +152,53 @@ def run(sizes: Sizes = GPU, overrides: dict | None = None, only: list[str] | Non
     return rows
 
 
-def study(size, out: Path) -> dict[str, dict]:
-    """`python -m tutorial_lib study ladder`: every rung, the traces of the TRACED rungs, ladder.json/.md in
-    `out`; the figures go to 04_ladder and the card's own 04_ladder_<card>."""
-    sizes = SMALL if size.small else GPU
+def study(size: Size, out: Path) -> dict[str, dict]:
+    """`python -m tutorial_lib study ladder`: every rung, the traces of the TRACED rungs (ladder.json and
+    ladder.md in `out`), then notebook 03's bench at configs/optimized.yaml; the figures go to 04_ladder and
+    the card's own 04_ladder_<card> (docs/performance.md renders those: `python -m tutorial_lib ladder --doc`)."""
+    sizes, started = sizes_for(size), time.perf_counter()
     overrides = {"out_dir": str(Path(out) / "runs")}
     rows = run(sizes, overrides)
     trace = traces(sizes, overrides)
     save(rows, out, trace)
+    print(markdown(rows), "", "targets: " + json.dumps(headline(rows)), sep="\n", flush=True)
+    figures = reference_figures(rows, trace)
+    spent = time.perf_counter() - started
+    if spent > BENCH_AFTER_S:
+        print(f"bench at configs/optimized.yaml skipped: {spent:.0f} s spent on the ladder already")
+    else:
+        figures["bench_optimized"] = bench_optimized(sizes, overrides)
     device = next(r["device"] for r in rows if not r["skipped"])
-    return dict.fromkeys(reference_names("04_ladder", device), reference_figures(rows, trace))
+    return dict.fromkeys(reference_names("04_ladder", device), figures)
+
+
+def bench_optimized(sizes: Sizes, overrides: dict | None = None) -> dict:
+    """Notebook 03's bench (IO / SYNTHETIC / FULL) at configs/optimized.yaml, with the DataLoader and with
+    GPU-resident input; at small sizes the model, batch and images of `sizes`, uncompiled off a GPU."""
+    cfg = config.load(config.CONFIGS_DIR / "optimized.yaml").replace(
+        progress=False, tensorboard=False, num_workers=default_workers(), **(overrides or {}))
+    if sizes != GPU:
+        cfg = cfg.replace(model=sizes.model, batch_size=sizes.big_batch, train_size=sizes.train_size,
+                          compile=cfg.compile and device_type(overrides) == "cuda")
+    figures = {}
+    for loader in ("dataloader", "gpu_resident"):
+        if cfg.compile:
+            torch._dynamo.reset()  # compiled afresh, as each rung: the ladder's compilations are not its cache
+        r = bench.bench(cfg.replace(loader=loader, out_dir=f"{cfg.out_dir}/bench_{loader}"), steps=sizes.bench_steps,
+                        window=sizes.bench_window)
+        print(f"-- bench at configs/optimized.yaml, loader={loader}\n{r.summary()}", flush=True)
+        figures[loader] = {"device": r.device, **{m: f.img_s for m, f in r.figures.items()},
+                           "full_over_synthetic": r.img_s("full") / r.img_s("synthetic"), "verdict": r.verdict}
+    return figures
 
 
 def device_type(overrides: dict | None = None) -> str:
     """'cuda' where the rungs will run on a GPU (device=auto with one visible, or device=cuda), else 'cpu'."""
-    import torch
-
     return "cuda" if torch.cuda.is_available() and (overrides or {}).get("device", "auto") != "cpu" else "cpu"
 
 
 def measure(rung: Rung, cfg: TrainConfig) -> dict:
     """One rung: a training run (or the bare loop) from a clean compiler cache, its figures as a row."""
-    import torch
-
-    from .. import engine
-
     if cfg.compile:
         torch._dynamo.reset()  # each compiled rung compiles afresh: its compile time is its own
     t0 = time.perf_counter()
@@ -170,13 +211,6 @@ def bare_loop(cfg: TrainConfig) -> Result:
     """The ceiling: the engine's model (compiled as cfg says), optimizer and input, stepped by the smallest
     loop that trains: no scheduler, loss log, progress, profiler hook, signal handling or checkpoints. Timed
     with the engine's clock (meters.StepClock, one CUDA event per step) and figures, so the two compare."""
-    import torch
-    import torch.nn.functional as F
-
-    from .. import data, engine, models, peaks
-    from ..meters import StepClock, timing_fields, untimed_steps
-    from ..precision import autocast
-
     with engine.prepared_run(cfg) as r:
         model, opt, batches = r.model, r.opt, r.batches()
         clock = StepClock(r.device, untimed_steps(cfg, cfg.timing_warmup), time_first=cfg.compile)
@@ -282,8 +316,6 @@ def job_sweep(sizes: Sizes, overrides: dict | None = None, device: str = "cuda")
 
 def gather(out_dir: str | Path, sizes: Sizes) -> list[dict]:
     """Rows from the result.json of each rung's folder under out_dir (a job array's tasks, or ladder runs)."""
-    from ..results import load_result
-
     rows = []
     for rung in rungs(sizes):
         folder = Path(out_dir) / rung.name
@@ -294,36 +326,17 @@ def gather(out_dir: str | Path, sizes: Sizes) -> list[dict]:
     return rows
 
 
-def _fmt(v, spec: str, none: str = "n/a") -> str:
-    return none if v is None else format(v, spec)
-
-
 def row_line(r: dict) -> str:
     if r["skipped"]:
         return f"{r['rung']:15s} skipped: {r['skipped']}"
-    return (f"{r['rung']:15s} {r['img_s']:>9,.0f} img/s  step {r['step_ms']:.1f} ms  peak {_fmt(r['peak_mb'], ',.0f')} MB"
-            f"  MFU {_fmt(r['mfu'] and 100 * r['mfu'], '.0f')}%  compile {_fmt(r['compile_s'], '.0f', '-')} s"
+    return (f"{r['rung']:15s} {r['img_s']:>9,.0f} img/s  step {r['step_ms']:.1f} ms  peak {perfdoc.fmt(r['peak_mb'], ',.0f')} MB"
+            f"  MFU {perfdoc.fmt(r['mfu'] and 100 * r['mfu'], '.0f')}%  compile {perfdoc.fmt(r['compile_s'], '.0f', '-')} s"
             f"  loss {r['final_loss']:.3f}  ({r['wall_s']:.0f} s)")
 
 
 def markdown(rows: list[dict]) -> str:
-    """The ladder as a markdown table (the notebook, docs/performance.md and the GPU script print it)."""
-    head = ["rung", "change", "batch", "img/s", "x fp32", "against the row it changes", "step ms: median (p10-p90)",
-            "data wait ms", "peak MB", "MFU", "compile s", "loss after steps"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    said = verdicts(rows)
-    for r in rows:
-        if r["skipped"]:
-            cells = [r["rung"], r["change"], str(r["batch"]), f"skipped: {r['skipped']}", *[""] * 8]
-        else:
-            cells = [r["rung"], r["change"], str(r["batch"]), f"{r['img_s']:,.0f}", _fmt(r.get("speedup"), ".2f"),
-                     said.get(r["rung"], "-"),
-                     f"{r['step_ms']:.2f} ({r['step_ms_p10']:.2f}-{r['step_ms_p90']:.2f})",
-                     _fmt(r.get("data_wait_ms"), ".2f"), _fmt(r["peak_mb"], ",.0f"), _fmt(r["mfu"] and 100 * r["mfu"], ".1f", "n/a") +
-                     ("%" if r["mfu"] else ""), _fmt(r["compile_s"], ".1f", "-"),
-                     f"{r['final_loss']:.3f} after {r['steps']}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    """The ladder as a markdown table, each rung judged against the row it changes (notebook 04, the CLI)."""
+    return perfdoc.ladder_table(rows, verdicts(rows))
 
 
 def save(rows: list[dict], out_dir: str | Path, traces: dict | None = None) -> tuple[Path, Path]:
@@ -338,14 +351,10 @@ def save(rows: list[dict], out_dir: str | Path, traces: dict | None = None) -> t
 TRACED = ("channels_last", "gpu_resident", "last_small_batch")  # the bf16 eager step; the last rung (CUDA graphs) at 1024 and 256
 
 
-def trace_breakdown(cfg: TrainConfig) -> dict:
+def trace_breakdown(cfg: TrainConfig, device: str = "cuda") -> dict:
     """Profile a few steps of `cfg` (after its compile and graph recording) and summarise the trace offline,
     as notebook 02 does: each part's share of the step, and the kernels that take the GPU's time."""
-    import torch
-
-    from .. import engine, trace_summary
-
-    prof = trace_config(cfg)
+    prof = trace_config(cfg, device)
     if prof.compile:
         torch._dynamo.reset()
     with contextlib.redirect_stdout(io.StringIO()):
@@ -359,20 +368,24 @@ def trace_breakdown(cfg: TrainConfig) -> dict:
                             for k in s.top_kernels[:8]], **roofline.roofline(cfg, s.device, s.step_ms, s.top_kernels)}
 
 
-def trace_config(cfg: TrainConfig) -> TrainConfig:
-    """A rung's config for its trace: 12 steps, the profiler on 3 of them after compile and recording. The
-    throughput of so short a run means nothing; it only has to time a step (timing_warmup below 12)."""
-    return cfg.replace(profile=True, profile_wait=6, profile_warmup=2, profile_active=3, steps=12, timing_warmup=5,
-                       profile_memory=False, profile_record_shapes=False, out_dir=f"{cfg.out_dir}_trace")
+def trace_config(cfg: TrainConfig, device: str = "cuda") -> TrainConfig:
+    """A rung's config for its trace: 12 steps, the profiler on 3 of them after compile and recording (on a
+    CPU, which compiles nothing here: 6 steps, 2 of them profiled). The throughput of so short a run means
+    nothing; it only has to time a step (timing_warmup below its steps)."""
+    wait, warmup, active, steps, timed_after = (6, 2, 3, 12, 5) if device == "cuda" else (1, 1, 2, 6, 1)
+    return cfg.replace(profile=True, profile_wait=wait, profile_warmup=warmup, profile_active=active, steps=steps,
+                       timing_warmup=timed_after, profile_memory=False, profile_record_shapes=False,
+                       out_dir=f"{cfg.out_dir}_trace")
 
 
 def traces(sizes: Sizes, overrides: dict | None = None) -> dict:
     """trace_breakdown of the TRACED rungs (a GPU view on a GPU; on a CPU the host view, uncompiled)."""
-    plan = {rung.name: cfg for rung, cfg, _ in configs(sizes, overrides, device_type(overrides))}
+    device = device_type(overrides)
+    plan = {rung.name: cfg for rung, cfg, _ in configs(sizes, overrides, device)}
     out = {}
     for name in TRACED:
         try:
-            out[name] = trace_breakdown(plan[name])
+            out[name] = trace_breakdown(plan[name], device)
         except Exception as e:  # the ladder's rows are measured already: keep them, and say what failed
             out[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
     return out
@@ -404,97 +417,8 @@ def reference_names(prefix: str, device: str) -> tuple[str, str]:
 
 
 def reference_figures(rows: list[dict], trace: dict) -> dict:
-    """What the GPU script records as notebooks/reference/04_ladder*.json: the headline figures, every row (loss
+    """What the study records as notebooks/reference/04_ladder*.json: the headline figures, every row (loss
     curves only for the precision rows the notebook plots) and the trace summaries."""
     keep = {"fp32", "bf16", "fp16"}
     slim = [{k: v for k, v in r.items() if k != "loss" or r["rung"] in keep} for r in rows]
     return {**headline(rows), "rows": slim, "traces": trace}
-
-
-# ------------------------------------------------------------------------------------------------ docs/performance.md
-def limits_section(figures: dict) -> list[str]:
-    """'What limits the last rung', from the trace summaries the GPU script recorded."""
-    tr = {k: v for k, v in (figures.get("traces") or {}).items() if "error" not in v}
-    if "gpu_resident" not in tr:
-        why = (figures.get("traces") or {}).get("gpu_resident", {}).get("error", "no trace was recorded")
-        return [f"(no trace of the last rung: {why})"]
-    last, eager = tr["gpu_resident"], tr.get("channels_last")
-    shares = ", ".join(f"{p} {pct(v)}" for p, v in sorted(last["shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
-    clock = "the GPU's clock" if last["view"] == "gpu" else "the host's clock"
-    out = [f"A profiled run of the last rung ({last['step_ms']:.2f} ms per step on {clock}, offline summary "
-           f"of `tutorial_lib.trace_summary`): {shares}; the largest part is **{last['bottleneck']}**."]
-    if eager:
-        out.append(f"The bf16 eager step (rung channels_last) was idle {pct(eager['shares']['idle'])} of its "
-                   f"{eager['step_ms']:.2f} ms (the CPU launching kernels one by one); the compiled CUDA-graph step is idle "
-                   f"{pct(last['shares']['idle'])}.")
-    small = tr.get("last_small_batch")
-    if small:
-        out.append(f"The same step at batch {small.get('batch', 'n/a')} "
-                   f"({small['step_ms']:.2f} ms): " + ", ".join(f"{p} {pct(v)}" for p, v in
-                   sorted(small["shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005) + ".")
-    out += kernel_table(last)
-    for name in ("gpu_resident", "last_small_batch"):
-        out += roofline.roofline_lines(tr.get(name), name)
-    return out
-
-
-def kernel_table(t: dict) -> list[str]:
-    return ["", "| GPU kernel of the last rung | calls/step | ms/step | of GPU busy |", "|---|---|---|---|"] + [
-        f"| `{k['name'][:90]}` | {k['calls']:g} | {k['ms']:.3f} | {pct(k['of_busy'])} |" for k in t["top_kernels"]]
-
-
-def bench_section(figures: dict) -> list[str]:
-    bench = figures.get("bench_optimized")
-    if not bench:
-        return []
-    out = ["", "Notebook 03's bench at `configs/optimized.yaml` (img/s):", "",
-           "| loader | IO | SYNTHETIC | FULL | FULL / SYNTHETIC |", "|---|---|---|---|---|"]
-    out += [f"| {name} | {b['io']:,.0f} | {b['synthetic']:,.0f} | {b['full']:,.0f} | {b['full_over_synthetic']:.2f} |"
-            for name, b in bench.items()]
-    return out
-
-
-DOC_CARDS = ("H100", "H200")  # the cards docs/performance.md has a section for
-
-
-def performance_doc(records: list[dict], rooflines: list[dict] = ()) -> str:
-    """docs/performance.md: the ladder of each reference record (one per card), its targets and its limits;
-    `rooflines`: records of `ladder --roofline` (kernel classes against the peak), shown under their card."""
-    out = ["# Performance: notebook 04's optimization ladder on real cards", "",
-           "Generated by `scripts/gpu/ladder.sh` (`python -m tutorial_lib ladder --trace --reference`) from "
-           "`notebooks/reference/04_ladder_<card>.json`; `python scripts/performance_doc.py` renders it again. "
-           "Every row is a training run of the CIFAR-stem ResNet-18 on the generated `shapes` set, one change on "
-           "top of the row above, in one process on one card. MFU is the achieved FLOP/s (FLOPs counted by "
-           "`torch.utils.flop_counter`) over the card's dense datasheet peak for the row's precision "
-           "(`tutorial_lib/peaks.py`)."]
-    for rec in records:
-        f = rec["figures"]
-        mean = all("data_wait_ms" in r for r in f["rows"] if not r["skipped"])  # records before the mean: median
-        out += ["", f"## {rec['card']} (torch {rec['torch']}, {rec['date']})", "",
-                f"img/s from the {'mean step time (waits for data included)' if mean else 'median step time'} "
-                "after the warm-up.", "", markdown(f["rows"]), ""]
-        speed = "n/a" if f.get("last_speedup") is None else f"{f['last_speedup']:.1f}x"
-        ratio = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
-        out.append(f"Targets: the last rung runs at {speed} the fp32 rung (target 12x) and {pct(f.get('last_mfu'))} "
-                   f"MFU (target {pct(roofline.MFU_TARGET)}); batch 256 reaches {ratio(f.get('b256_over_big_batch'))} of batch 1024 (target "
-                   f">= 0.85); the engine reaches {ratio(f.get('engine_over_bare_loop'))} of the bare loop (target >= 0.97).")
-        out += bench_section(f)
-        out += ["", "### What limits the last rung", "", *limits_section(f)]
-        has_own = any(t.get("tensor_core_tflops") for t in (f.get("traces") or {}).values())
-        for roof in (r for r in rooflines if r["card"] == rec["card"] and not has_own):
-            out += ["", f"### Kernel classes against the roofline (torch {roof['torch']}, {roof['date']}: "
-                        "`python -m tutorial_lib ladder --roofline`, its own profiled runs)", "",
-                    "The table above counted, in each kernel's time per step, the kernels of the steps before the "
-                    "profiled ones that a GPU running behind the host was still executing (fixed since); the same "
-                    "kernels from these runs, counted per profiled step:"]
-            last = roof["figures"]["traces"].get("gpu_resident", {})
-            out += kernel_table(last) if last.get("top_kernels") else []
-            for name in ("gpu_resident", "last_small_batch"):  # the compiled rungs (the eager one is launch-bound)
-                out += roofline.roofline_lines(roof["figures"]["traces"].get(name), name)
-            out += roofline.small_batch_lines(roof["figures"]["traces"])
-    if not records:
-        out += ["", "(no reference run yet: run scripts/gpu/ladder.sh on a GPU node)"]
-    for card in (c for c in DOC_CARDS if not any(c in r["card"] for r in records)):
-        out += ["", f"## NVIDIA {card}", "", f"No reference run on an {card} yet: `scripts/gpu/ladder.sh` on one "
-                                              "writes `04_ladder_" + card.lower() + ".json`, and its table here."]
-    return "\n".join(out) + "\n"
