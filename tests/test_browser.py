@@ -222,12 +222,15 @@ class Steps:
     @contextlib.contextmanager
     def __call__(self, name: str):
         self.n += 1
-        failed = True
+        failed, t0 = True, time.time()
         try:
             yield
             failed = False
         finally:
-            self.driver.save_screenshot(str(self.folder / f"{self.n:02d}-{name}{'-FAILED' if failed else ''}.png"))
+            shot = f"{self.n:02d}-{name}{'-FAILED' if failed else ''}"
+            self.driver.save_screenshot(str(self.folder / f"{shot}.png"))
+            with open(self.folder / "steps.txt", "a") as log:  # how long each step took
+                log.write(f"{shot}: {time.time() - t0:.1f} s\n")
 
 
 def waiter(driver, timeout: float = WAIT):

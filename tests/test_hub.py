@@ -82,6 +82,12 @@ def test_doctor_outside_a_hub_skips_and_inside_names_the_prefix_and_the_job(monk
     assert check.status == "WARN", check  # ten minutes left: less than a lesson
     assert "Slurm job 12 on node2: 4 CPUs, 16G memory, 1 GPU(s), time limit 08:00:00" in check.message
     assert "save your notebooks" in check.fix
+    # a cluster that does not track memory and GPUs as TRES: what the job asked for
+    ctx.__dict__["job"] = {"JobId": "12", "NodeList": "node2", "TimeLimit": "UNLIMITED", "EndTime": "Unknown",
+                           "NumCPUs": "2", "TRES": "cpu=2,node=1,billing=2", "MinMemoryNode": "8G",
+                           "TresPerNode": "gres:gpu:1"}
+    check = sitecheck.check_hub(ctx)
+    assert check.status == "PASS" and "2 CPUs, 8G memory, 1 GPU(s), time limit UNLIMITED" in check.message
 
 
 def test_tensorboard_on_a_hub_without_its_proxy_says_what_to_do(tmp_path, monkeypatch):
@@ -110,6 +116,51 @@ def test_tensorboard_on_a_hub_without_its_proxy_says_what_to_do(tmp_path, monkey
         httpd.shutdown()
         httpd.server_close()
         tensorboard._serves_proxy.cache_clear()
+
+
+@pytest.mark.parametrize("answer, expected", [((302, "/user/ada/proxy/{port}"), "FAIL"), ((404, ""), "FAIL"),
+                                              ((302, "/hub/api/oauth2/authorize?client_id=x"), "WARN"),
+                                              ((200, ""), "PASS")],
+                         ids=["slash-redirect", "not-found", "login", "proxied"])
+def test_doctor_checks_the_tensorboard_link_through_the_hub(answer, expected, tmp_path, monkeypatch):
+    """In a hub's server the link is asked for at the hub's address with the server's token. Without
+    jupyter-server-proxy, Jupyter answers `.../proxy/<port>/` with a redirect to the same path without its
+    slash (then 404): that is a missing proxy, not a login page."""
+    asked = []
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append((self.path, self.headers.get("Authorization")))
+            code, location = answer
+            self.send_response(code)
+            if location:
+                self.send_header("Location", location.format(port=self.path.split("/")[-2]))
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_port}/user/ada/"
+        (tmp_path / "jpserver-4244.json").write_text(json.dumps({"url": url, "base_url": "/user/ada/", "pid": os.getpid(),
+                                                                 "token": ""}))
+        monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+        monkeypatch.setenv("JPY_PARENT_PID", str(os.getpid()))
+        monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/ada/")
+        monkeypatch.setenv("JUPYTERHUB_PUBLIC_URL", url)
+        monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "server-token")
+        monkeypatch.setattr(tensorboard, "STATE", tmp_path / "tensorboard.json")  # none runs: a test page is asked
+        check = sitecheck.check_tensorboard(Context(Options()))
+        assert check.status == expected, check
+        assert asked[0][0].startswith("/user/ada/proxy/") and asked[0][1] == "token server-token"
+        if answer[1].startswith("/user/ada/proxy") or answer[0] == 404:
+            assert "no jupyter-server-proxy" in check.message
+            assert check.fix.startswith("the hub's admins: install and enable jupyter-server-proxy")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 # ---------------------------------------------------------------------------------------- the hub
@@ -337,9 +388,10 @@ def test_a_spawner_that_cannot_submit_tells_the_learner_what_to_do(ui, learners)
             d.get(f"{hub.url}/hub/login")
         with steps("spawn-refused"):
             log_in(ui, d, hub, "bob", hub.password("bob"))
-            page = ui.waiter(d).until(lambda d: next((e.text for e in ui.css(d, "#progress-message, .container")
-                                                     if "What to do" in e.text), False),
-                                      "no message on the failed start")
+            page = ui.waiter(d).until(lambda d: (t := d.find_element("tag name", "body").text) and "What to do" in t
+                                      and t, "no message on the failed start")
+            # the spawn page's error, or the "Spawn failed" page when the hub had already noted the failure
+            assert ui.css(d, "#workbook-not-started") or "Spawn failed" in page, page
             assert "The cluster refused to start your server" in page
             assert "invalid partition" in page.lower(), page  # sbatch's own words name the bad request
             assert "send this message to your instructor" in page
@@ -382,7 +434,8 @@ def test_two_learners_work_in_their_own_server_jobs(ui, learners, hub):
         assert job["user"] == "alice" and job["node"] in ("node1", "node2"), job
     with steps_a("notebook-00-in-the-workbook-kernel"):  # nbgitpuller's link ends on the notebook
         ui.notebook_in_kernel(a, kernel)
-        assert a.current_url.startswith(f"{hub.url}/user/alice/lab/tree/{CLONE}/notebooks/00_setup.ipynb")
+        assert [t.text.strip() for t in ui.css(a, ".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current")] == \
+            ["00_setup.ipynb"]
         bad = listening_outside_loopback(pids_of("alice") | {int((Path(f"/tmp/workbook-hub/{NAME}") /
                                                                   "jupyterhub.pid").read_text())})
         assert not bad, f"listening beyond 127.0.0.1: {bad}"
@@ -503,10 +556,6 @@ def test_two_learners_work_in_their_own_server_jobs(ui, learners, hub):
         out = cell_output(ui, b, board_cell, lambda t: "no jupyter-server-proxy" in t)
         assert "What to do: ask the hub's admins to install jupyter-server-proxy" in out
         assert not ui.css(board_cell, ".jp-OutputArea iframe")
-        table = run_and_read(ui, b, "tl.doctor.run()", lambda t: re.search(r"(ready|NOT ready)", t), 180)
-        line = next(line for line in table.splitlines() if line.split()[1:2] == ["tensorboard"])
-        assert line.startswith("FAIL") and "no jupyter-server-proxy" in line, table
-        assert "fix: the hub's admins: install and enable jupyter-server-proxy" in table
 
     # ---- logging out ends bob's server; the idle limit ends alice's
     with steps_b("logout-ends-the-job"):

@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from functools import cached_property
@@ -288,15 +289,23 @@ def check_tensorboard(ctx: SiteFacts) -> Check:
             with urllib.request.build_opener(_NoRedirect).open(request, timeout=min(ctx.opts.timeout, 10)) as r:
                 return Check("tensorboard", "PASS", f"{what} on port {port} answers at {shown}, {how} ({r.status})")
         except urllib.error.HTTPError as e:
-            if e.code in (301, 302, 303, 307, 401, 403):
-                return Check("tensorboard", "WARN", f"{shown} sends this check to the login page ({e.code}): the "
+            code, answer = e.code, f"{e.code} {e.reason}"
+            if code in (301, 302, 303, 307, 308) and _same_path(e.headers.get("Location", ""), url):
+                # Jupyter sends an unknown `.../` to the same path without the slash, which is no page either
+                code, answer = 404, f"{e.code}, to the same address without its last slash: no such page"
+            elif code in (301, 302, 303, 307, 308, 401, 403):
+                return Check("tensorboard", "WARN", f"{shown} sends this check to the login page ({code}): the "
                              f"link works once you are logged in", "open the link tl.tensorboard.start shows")
-            return Check("tensorboard", "FAIL", f"{shown} answers {e.code} {e.reason} for {what}, {how}"
-                         + (": this server has no jupyter-server-proxy" if e.code == 404 else ""),
+            return Check("tensorboard", "FAIL", f"{shown} answers {answer} for {what}, {how}"
+                         + (": this server has no jupyter-server-proxy" if code == 404 else ""),
                          "the hub's admins: install and enable jupyter-server-proxy in the servers' environment; "
                          f"meanwhile ssh -L {port}:127.0.0.1:{port} to this node and open http://127.0.0.1:{port}/")
         except OSError as e:
             return Check("tensorboard", "FAIL", f"{shown} does not answer {how} ({e})", "is the Jupyter server up?")
+
+
+def _same_path(location: str, url: str) -> bool:
+    return urllib.parse.urlparse(location).path.rstrip("/") == urllib.parse.urlparse(url).path.rstrip("/")
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -319,10 +328,7 @@ def check_hub(ctx: SiteFacts) -> Check:
     if not facts:
         return Check("hub", "WARN", f"{where}, in Slurm job {job}, which scontrol does not describe",
                      "check that Slurm's commands work on this node (scontrol show job $SLURM_JOB_ID)")
-    tres = dict(kv.split("=", 1) for kv in facts.get("TRES", "").split(",") if "=" in kv)
-    limits = (f"{tres.get('cpu', facts.get('NumCPUs', '?'))} CPUs, {tres.get('mem', '?')} memory, "
-              f"{tres.get('gres/gpu', '0')} GPU(s), time limit {facts.get('TimeLimit', '?')}")
-    text = f"{where}, Slurm job {job} on {facts.get('NodeList', '?')}: {limits}"
+    text = f"{where}, Slurm job {job} on {facts.get('NodeList', '?')}: {_job_limits(facts)}"
     try:
         left = time.mktime(time.strptime(facts["EndTime"], "%Y-%m-%dT%H:%M:%S")) - time.time()
     except (KeyError, ValueError):  # Unknown: no time limit
@@ -332,6 +338,18 @@ def check_hub(ctx: SiteFacts) -> Check:
         return Check("hub", "WARN", text, "save your notebooks now; then stop this server (File > Hub Control Panel) "
                      "and start a new one for a full time limit")
     return Check("hub", "PASS", text)
+
+
+def _job_limits(facts: dict[str, str]) -> str:
+    """CPUs, memory, GPUs and time limit of a job from `scontrol show job` (the allocated TRES where Slurm
+    tracks them, else what the job asked for: memory per node or per CPU, GPUs per node or per job)."""
+    tres = dict(kv.split("=", 1) for kv in facts.get("TRES", "").split(",") if "=" in kv)
+    cpus = tres.get("cpu", facts.get("NumCPUs", "?"))
+    memory = tres.get("mem") or facts.get("MinMemoryNode") or (
+        f"{facts['MinMemoryCPU']} per CPU" if facts.get("MinMemoryCPU") else "?")
+    asked = " ".join(facts.get(k, "") for k in ("TresPerNode", "TresPerJob", "Gres"))
+    gpus = tres.get("gres/gpu") or next(iter(re.findall(r"gpu(?::[\w-]+)?[:=](\d+)", asked)), "0")
+    return f"{cpus} CPUs, {memory} memory, {gpus} GPU(s), time limit {facts.get('TimeLimit', '?')}"
 
 
 SERVER_MINUTES_LEFT = 30  # fewer minutes left in the server's job: a warning (a lesson does not fit)

@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 
 from batchspawner import SlurmSpawner
+from tornado import web
 from traitlets import Integer, Unicode, default
 
 # Slurm's end states, as a learner should read them
@@ -40,12 +41,13 @@ SAVED = ("Your files are safe in your home folder; notebooks are saved every two
          "typed since the last save is lost. The kernel's variables are gone: run the notebook from the top.")
 
 
-class LearnerError(RuntimeError):
-    """A failure the hub shows on the learner's page: what happened, then what to do (plain and HTML)."""
+class LearnerError(web.HTTPError):
+    """A failure the hub shows on the learner's page: what happened, then what to do (plain and HTML). An
+    HTTPError, so that the hub shows it as it is (any other exception is "Unhandled error starting server")."""
 
     def __init__(self, what: str, todo: str, details: str = ""):
-        super().__init__(f"{what} {todo}" + (f"\n{details}" if details else ""))
-        self.jupyterhub_message = str(self)
+        super().__init__(500, reason="Your server did not start")
+        self.jupyterhub_message = f"{what} {todo}" + (f"\n{details}" if details else "")
         self.jupyterhub_html_message = (
             f'<p class="workbook-what">{html.escape(what)}</p>'
             + (f'<pre class="workbook-details">{html.escape(details)}</pre>' if details else "")
@@ -122,7 +124,7 @@ exec {{cmd}}
             raise
         except Exception as e:
             error = await self._start_failure(e)
-            self.log.error("server of %s did not start: %s", self.user.name, error)
+            self.log.error("server of %s did not start: %s", self.user.name, error.jupyterhub_message)
             if self.job_id:  # still queued or running: take it back
                 await self.cancel_batch_job()
                 self.clear_state()
@@ -140,24 +142,26 @@ exec {{cmd}}
             return LearnerError(
                 "The cluster refused to start your server: " + (said[-1] if said else f"{type(e).__name__}"),
                 "This is a setting of the hub or of your account, not of your notebooks: send this message to "
-                "your instructor; press Relaunch once it is fixed.")
+                "your instructor, and start your server again from the hub's home page once it is fixed.")
         log = self.job_log(job, lines=8)
         if isinstance(e, asyncio.TimeoutError) and self.state_ispending():
             reason = (self.job_status.split() + ["?", "?"])[1]
             return LearnerError(
                 f"Your server's Slurm job {job} waited {self.queue_wait} s in the queue without starting "
                 f"(Slurm's reason: {reason}).",
-                "The cluster's nodes are busy (or the request is larger than any node): press Relaunch in a few "
-                "minutes, and tell your instructor if it keeps waiting.")
+                "The cluster's nodes are busy (or the request is larger than any node): start your server again "
+                "from the hub's home page in a few minutes, and tell your instructor if it keeps waiting.")
         if isinstance(e, asyncio.TimeoutError) and self.state_isrunning():
             return LearnerError(
                 f"Your server's Slurm job {job} runs, but the server in it did not answer within {self.queue_wait} s.",
-                f"Press Relaunch. If it happens again, send your instructor this message; the whole log is "
+                f"Start your server again from the hub's home page. If it happens again, send your instructor "
+                f"this message; the whole log is "
                 f"~/.jupyterhub-{job}.log in your home folder.", details=log)
         fields = await self.job_fields(job)
         return LearnerError(
             f"Your server's Slurm job {job} ended before the server answered: {ending(fields)}.",
-            f"Press Relaunch. If it fails again, send your instructor this message; the whole log is "
+            f"Start your server again from the hub's home page. If it fails again, send your instructor this "
+            f"message; the whole log is "
             f"~/.jupyterhub-{job}.log in your home folder.",
             details=log)
 
@@ -181,9 +185,9 @@ exec {{cmd}}
         status = await super().poll()
         if status is not None and job and not self.ended_message:
             fields = await self.job_fields(job)
+            start, end = (fields.get(k, "?").replace("T", " ") for k in ("StartTime", "EndTime"))
             self.ended_message = (f"Your last server ran as Slurm job {job} on {fields.get('NodeList', '?')} "
-                                  f"from {fields.get('StartTime', '?')} to {fields.get('EndTime', '?')} and "
-                                  f"ended: {ending(fields)}.")
+                                  f"from {start} to {end} and ended: {ending(fields)}.")
             self.log.warning("server job %s of %s ended: %s", job, self.user.name, ending(fields))
         return status
 
@@ -194,6 +198,17 @@ exec {{cmd}}
             if self.idle_limit else ""
         self.ended_message = (f"The hub stopped your server (Slurm job {self.job_id}): you logged out{limit}.")
         await super().stop(now=now)
+
+    # the hub makes a new spawner object after a stop: how the last job ended travels in the saved state
+    def get_state(self):
+        state = super().get_state()
+        if self.ended_message:
+            state["ended_message"] = self.ended_message
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.ended_message = state.get("ended_message", "")
 
     # ------------------------------------------------------------------ facts about a job
     async def job_fields(self, job: str) -> dict[str, str]:
