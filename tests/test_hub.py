@@ -436,8 +436,9 @@ def test_two_learners_work_in_their_own_server_jobs(ui, learners, hub):
         ui.notebook_in_kernel(a, kernel)
         assert [t.text.strip() for t in ui.css(a, ".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current")] == \
             ["00_setup.ipynb"]
-        bad = listening_outside_loopback(pids_of("alice") | {int((Path(f"/tmp/workbook-hub/{NAME}") /
-                                                                  "jupyterhub.pid").read_text())})
+        state = Path(f"/tmp/workbook-hub/{NAME}")  # the hub's and its proxy's PID files
+        hub_pids = {int((state / f"{name}.pid").read_text()) for name in ("jupyterhub", "proxy")}
+        bad = listening_outside_loopback(pids_of("alice") | hub_pids)
         assert not bad, f"listening beyond 127.0.0.1: {bad}"
     with steps_a("doctor-cell"):
         run_and_read(ui, a, "tl.notebook.setup()", lambda t: "workbook ready" in t)
@@ -489,6 +490,9 @@ def test_two_learners_work_in_their_own_server_jobs(ui, learners, hub):
         src = frame.get_dom_attribute("src")
         alice_port = int(re.fullmatch(r"/user/alice/proxy/(\d+)/", src).group(1))
         ui.check_loss_curve(a, frame, "01_single_gpu_cpu/tb", 20, 10, f"http://127.0.0.1:{alice_port}/")
+        # what the hub cannot guard (docs/instructor.md): from the node itself her TensorBoard answers anyone
+        with urllib.request.urlopen(f"http://127.0.0.1:{alice_port}/data/logdir", timeout=10) as r:
+            assert json.load(r)["logdir"] == str(home("alice") / CLONE / "runs")
     a.get("about:blank")  # alice leaves her tab: from now on her server is idle
 
     with steps_b("alice-is-not-his"):
@@ -520,9 +524,8 @@ def test_two_learners_work_in_their_own_server_jobs(ui, learners, hub):
                                    "bob's TensorBoard cell showed no inline view")
         bob_port = int(re.fullmatch(r"/user/bob/proxy/(\d+)/", frame.get_dom_attribute("src")).group(1))
         assert bob_port != alice_port
-        for port, user in ((alice_port, "alice"), (bob_port, "bob")):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/logdir", timeout=10) as r:
-                assert json.load(r)["logdir"] == str(home(user) / CLONE / "runs")
+        with urllib.request.urlopen(f"http://127.0.0.1:{bob_port}/data/logdir", timeout=10) as r:
+            assert json.load(r)["logdir"] == str(home("bob") / CLONE / "runs")
         results = [json.loads((home(u) / CLONE / "runs" / "01_single_gpu_cpu" / "result.json").read_text())
                    for u in ("alice", "bob")]
         assert results[0] != results[1]  # two runs, each in its own clone
