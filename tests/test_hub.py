@@ -112,6 +112,7 @@ def test_tensorboard_on_a_hub_without_its_proxy_says_what_to_do(tmp_path, monkey
         html = tensorboard.TensorBoard(pid=1, port=6006, logdir="/x")._repr_html_()
         assert "<iframe" not in html and "no jupyter-server-proxy" in html
         assert "What to do" in html and "ssh -L 6006:127.0.0.1:6006 node2" in html
+        assert "-J &lt;login node&gt;" in html  # shown as text, not taken for a tag
     finally:
         httpd.shutdown()
         httpd.server_close()

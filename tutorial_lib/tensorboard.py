@@ -7,6 +7,7 @@ forwards Jupyter's port only). That address is the link and what the inline view
 """
 from __future__ import annotations
 
+import html
 import json
 import os
 import signal
@@ -71,7 +72,7 @@ class TensorBoard:
 
     def _repr_html_(self) -> str:
         if _hub_without_proxy():
-            return f'<p style="color:#b00000"><b>{self.no_proxy_message()}</b></p>'
+            return f'<p style="color:#b00000"><b>{html.escape(self.no_proxy_message())}</b></p>'
         return (f'<p>TensorBoard (pid {self.pid}) for <code>{self.shown_logdir}</code>: '
                 f'<a href="{self.url}" target="_blank">{self.url}</a></p>'
                 f'<iframe src="{self.url}" width="100%" height="600" frameborder="0"></iframe>')
