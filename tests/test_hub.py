@@ -572,3 +572,27 @@ def test_two_learners_work_in_their_own_server_jobs(ui, learners, hub):
         message = ui.waiter(a).until(lambda d: ui.css(d, "#workbook-ended"), "no page about alice's server")[0].text
         assert f"The hub stopped your server (Slurm job {job['id']})" in message
         assert "idle for longer than the hub's limit (1 min)" in message
+
+
+@hub_only
+def test_hub_down_cancels_its_servers_jobs_and_no_other(ui, learners, hub):
+    """`make hub-down`: the hub stops the running servers (their jobs end); a job of the same learner that is
+    not a server of this hub (her own batch job) keeps running."""
+    b = learners["bob"]
+    steps = ui.Steps(b, "hub/4-hub-down")
+    with steps("bob-logs-in-again"):
+        b.get(f"{hub.url}/hub/login")
+        log_in(ui, b, hub, "bob", hub.password("bob"))
+        server = wait_until("bob's server job to run", lambda: (j := hub.server_job("bob")) and
+                            j["state"] == "RUNNING" and j, 60, 0.5)
+    own = subprocess.run(["runuser", "-u", "alice", "--", "sbatch", "--parsable", "--job-name=not-the-hubs",
+                          "--output=/dev/null", "--wrap=sleep 300"], capture_output=True, text=True, timeout=30,
+                         cwd="/tmp", check=True).stdout.strip().split(";")[0]
+    try:
+        with steps("hub-down"):
+            hub.hub_sh("down")
+            assert hub.server_job("bob") is None
+            assert job_fields(server["id"])["JobState"] in ("CANCELLED", "COMPLETED"), job_fields(server["id"])
+            assert job_fields(own)["JobState"] in ("PENDING", "RUNNING"), job_fields(own)
+    finally:
+        subprocess.run(["scancel", own], timeout=30)

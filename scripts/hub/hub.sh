@@ -135,14 +135,17 @@ build_env() {
     hub_running && die "the hub runs from $ENV, which must be rebuilt for requirements.lock: make hub-down first"
     rm -rf "$ENV"
     if venv_matches "$python"; then
-        log "building the learners' environment $ENV from this checkout's .venv (hard links)"
+        log "building the learners' environment $ENV from this checkout's .venv (hard links), on $python \
+($("$python" -V 2>&1))"
         "$python" -m venv --without-pip "$ENV"
         link_packages "$python"
     else
-        log "building the learners' environment $ENV: pip install -r requirements.lock (a few minutes)"
+        log "building the learners' environment $ENV: pip install -r requirements.lock on $python \
+($("$python" -V 2>&1); a few minutes)"
         "$python" -m venv "$ENV"
         "$ENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$ROOT/requirements.lock" ||
-            die "pip install -r requirements.lock into $ENV failed (see above)"
+            die "pip install -r requirements.lock into $ENV failed (see above; a package that needs a newer \
+Python than $("$python" -V 2>&1): point WORKBOOK_HUB_PYTHON at a newer one that every user may run)"
     fi
     # A centre's settings for everyone's JupyterLab: no news or update checks (compute nodes are offline).
     mkdir -p "$ENV/share/jupyter/lab/settings"
