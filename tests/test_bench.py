@@ -13,7 +13,7 @@ import torch
 from conftest import SleepyNet
 from tutorial_lib import bench, data, models
 from tutorial_lib.__main__ import main
-from tutorial_lib.bench import Measurement
+from tutorial_lib.lessons.bench import Measurement
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py

@@ -13,6 +13,8 @@ __all__ = ["ConfigError", "ROOT", "TrainConfig", "UserError", "launch", "load", 
 
 
 SUBMODULES = tuple(sorted(p.stem for p in Path(__file__).parent.glob("*.py") if not p.stem.startswith("_")))
+# The lessons' modules (tutorial_lib/lessons/) keep their short names: tl.bench, tl.ladder, tl.scaling, ...
+LESSONS = tuple(sorted(p.stem for p in (Path(__file__).parent / "lessons").glob("*.py") if not p.stem.startswith("_")))
 
 
 def __getattr__(name):
@@ -25,8 +27,8 @@ def __getattr__(name):
         from . import results
 
         return getattr(results, name)
-    if name in SUBMODULES:
+    if name in SUBMODULES or name in LESSONS:
         import importlib
 
-        return importlib.import_module(f".{name}", __name__)
+        return importlib.import_module(f".{'lessons.' if name in LESSONS else ''}{name}", __name__)
     raise AttributeError(f"module 'tutorial_lib' has no attribute {name!r}")

@@ -1,10 +1,11 @@
-"""The whole command line: python -m tutorial_lib {train,bench,data,jobs,doctor} ...
+"""The whole command line: python -m tutorial_lib {train,bench,ladder,study,data,jobs,doctor} ...
 
     python -m tutorial_lib train dataset=shapes model=resnet18 steps=40 batch_size=32 out_dir=runs/demo
     python -m tutorial_lib train --config configs/baseline.yaml precision=bf16
     torchrun --nproc_per_node=2 -m tutorial_lib train parallel=ddp ...
     python -m tutorial_lib bench loader=gpu_resident precision=bf16     # IO / SYNTHETIC / FULL and a verdict
     python -m tutorial_lib ladder                                       # notebook 04's optimization ladder
+    python -m tutorial_lib study --list                                 # the GPU studies behind the notebooks
     python -m tutorial_lib data fetch cifar10                           # on a login node with internet
     python -m tutorial_lib jobs render --site generic --name demo steps=100
     python -m tutorial_lib jobs submit jobs/demo.sbatch --wait
@@ -63,7 +64,7 @@ def train(argv: list[str]) -> int:
 
 # ---------------------------------------------------------------------------------------------- bench
 def bench(argv: list[str]) -> int:
-    from . import bench as bench_module
+    from .lessons import bench as bench_module
 
     p = _parser("python -m tutorial_lib bench", bench_module.__doc__.split("\n\n", 1)[1])
     p.add_argument("--steps", type=int, help="timed steps per measure (default: steps=, else 100)")
@@ -88,7 +89,7 @@ def bench(argv: list[str]) -> int:
 
 # ---------------------------------------------------------------------------------------------- ladder
 def ladder(argv: list[str]) -> int:
-    from . import ladder as ladder_module
+    from .lessons import ladder as ladder_module
 
     p = argparse.ArgumentParser(prog="python -m tutorial_lib ladder", description=ladder_module.__doc__.split(
         "\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,7 +125,7 @@ def ladder(argv: list[str]) -> int:
 
 def roofline(ladder_module, sizes, given: dict, write: bool) -> int:
     """`ladder --roofline`: profile the traced rungs only and print each one's kernel classes against the peak."""
-    from . import roofline as roofline_module
+    from .lessons import roofline as roofline_module
 
     trace = ladder_module.traces(sizes, given)
     for name, t in trace.items():
@@ -135,6 +136,26 @@ def roofline(ladder_module, sizes, given: dict, write: bool) -> int:
 
         for name in ladder_module.reference_names("04_roofline", device):
             print(f"wrote {reference.write(name, {'traces': trace}, script='python -m tutorial_lib ladder --roofline')}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- study
+def study(argv: list[str]) -> int:
+    from .lessons import size, studies
+
+    p = argparse.ArgumentParser(prog="python -m tutorial_lib study", description=studies.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", nargs="?", help="the study to run (--list names them)")
+    p.add_argument("--list", action="store_true", help="list the studies and exit")
+    p.add_argument("--small", action="store_true", help="tiny sizes on this machine (the CPU check)")
+    p.add_argument("--reference", action="store_true", help="also write notebooks/reference/ (full sizes, a GPU)")
+    p.add_argument("--out", help="where its tables, logs and reference records go (default: runs/study_NAME)")
+    args = p.parse_args(argv)
+    if args.list or not args.name:
+        print(studies.listing())
+        return 0 if args.list else 2
+    studies.get(args.name)  # an unknown name fails here, before any work
+    studies.run(args.name, size.current(args.small), args.out or f"runs/study_{args.name}", args.reference)
     return 0
 
 
@@ -306,7 +327,8 @@ def doctor(argv: list[str]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- main
-COMMANDS = {"train": train, "bench": bench, "ladder": ladder, "data": data, "jobs": jobs, "doctor": doctor}
+COMMANDS = {"train": train, "bench": bench, "ladder": ladder, "study": study, "data": data, "jobs": jobs,
+            "doctor": doctor}
 
 
 def main(argv: list[str] | None = None) -> int:

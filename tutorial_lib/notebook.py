@@ -8,6 +8,7 @@ from pathlib import Path
 
 from . import tensorboard
 from .config import ROOT
+from .lessons import size as sizes
 
 
 @dataclass
@@ -24,8 +25,8 @@ class Session:
 def setup(quiet: bool = False) -> Session:
     """chdir to the workbook root (so runs/, data/ and jobs/ are where the README says) and print a banner.
 
-    WORKBOOK_SIZE=small|full overrides the automatic choice (small without a GPU, full with one).
-    (Notebook 00 teaches it.)
+    WORKBOOK_SIZE=small|full overrides the automatic choice (small without a GPU, full with one): the one
+    size switch of the workbook, `lessons.size` (notebook 00 teaches it).
     """
     import torch
 
@@ -39,15 +40,11 @@ def setup(quiet: bool = False) -> Session:
     if proxy:
         os.environ.setdefault("TENSORBOARD_PROXY_URL", proxy + "%PORT%/")
     gpus = torch.cuda.device_count()
-    size = os.environ.get("WORKBOOK_SIZE", "full" if gpus else "small")
-    if size not in ("small", "full"):
-        from .config import UserError
-
-        raise UserError(f"WORKBOOK_SIZE={size!r} is not one of small, full")
-    s = Session("cuda" if gpus else "cpu", gpus, size == "small")
+    size = sizes.current()
+    s = Session("cuda" if gpus else "cpu", gpus, size.small)
     if not quiet:
         where = f"{gpus} GPU(s): {torch.cuda.get_device_name(0)}" if gpus else f"CPU only ({os.cpu_count()} cores)"
-        print(f"workbook ready | torch {torch.__version__} | {where} | sizes: {size}")
+        print(f"workbook ready | torch {torch.__version__} | {where} | sizes: {size.name}")
         if s.small:
             print("** SMALL SIZES: no GPU here, so runs are shortened to finish in seconds on a CPU. "
                   "The numbers show the method, not GPU performance. **")

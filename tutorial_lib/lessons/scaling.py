@@ -24,7 +24,7 @@ import statistics
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 
-from .config import TrainConfig, UserError
+from ..config import TrainConfig, UserError
 
 KINDS = ("weak", "strong")
 LR_RULES = ("none", "linear", "sqrt")
@@ -249,7 +249,7 @@ def write_jobs(cfg: TrainConfig, gpus=(1, 2, 4), nodes: int = 2, prefix: str = "
     split n ways) and, at the largest n, the weak point without gradient all-reduce (grad_sync=false); then
     the weak point on `nodes` nodes. Each task writes <out>/<n>gpu/<point>/result.json: `ledger(out)`
     collects them. write_kw go to tl.jobs.write (site, time, jobs_dir, show, ...)."""
-    from . import jobs
+    from .. import jobs
 
     counts, b, paths = _counts(gpus), cfg.batch_size, []
     for n in counts:
@@ -276,7 +276,7 @@ def write_lr_job(cfg: TrainConfig, gpus: int, base_batch: int, warmup_images: in
                  out: str = "runs/06_lr_rules", **write_kw) -> Path:
     """A job array on `gpus` GPUs, one task per learning-rate rule (lr and warm-up of `lr_recipe`), each
     recording validation accuracy against time (cfg.eval_every) until cfg.target_accuracy."""
-    from . import jobs
+    from .. import jobs
 
     sweep = []
     for rule in LR_RULES:

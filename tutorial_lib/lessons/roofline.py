@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .config import TrainConfig
+from ..config import TrainConfig
 
 MFU_TARGET = 0.45  # notebook 04's issue: the optimized rung at >= 45% MFU
 
@@ -44,7 +44,7 @@ def roofline(cfg: TrainConfig, device: str, step_ms: float, kernels: list[dict])
     """How far the step is from the card's tensor-core peak, class by class: the model's FLOPs (all of them in
     convolutions and matmuls, as torch.utils.flop_counter counts them) over the time of the tensor-core kernels
     gives the rate those kernels reach; the other classes do no counted FLOPs and are bound by memory."""
-    from . import data, models, peaks
+    from .. import data, models, peaks
 
     classes = kernel_classes(kernels)
     channels, size, *_ = data.SPECS[cfg.dataset]

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from . import data, distributed, engine
-from .config import TrainConfig, UserError, usable_cpus
-from .meters import StepClock
-from .results import atomic_write_text
+from .. import data, distributed, engine
+from ..config import TrainConfig, UserError, usable_cpus
+from ..meters import StepClock
+from ..results import atomic_write_text
 
 MEASURES = ("io", "synthetic", "full")
 CLOSE = 0.10  # figures within 10% count as equal (≈): windows of one measure scatter by about that much

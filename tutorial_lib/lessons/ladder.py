@@ -23,8 +23,8 @@ from pathlib import Path
 
 from . import roofline
 from .roofline import pct
-from .config import TrainConfig, UserError, default_workers
-from .results import Result, atomic_write_text
+from ..config import TrainConfig, UserError, default_workers
+from ..results import Result, atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -133,6 +133,18 @@ def run(sizes: Sizes = GPU, overrides: dict | None = None, only: list[str] | Non
     return rows
 
 
+def study(size, out: Path) -> dict[str, dict]:
+    """`python -m tutorial_lib study ladder`: every rung, the traces of the TRACED rungs, ladder.json/.md in
+    `out`; the figures go to 04_ladder and the card's own 04_ladder_<card>."""
+    sizes = SMALL if size.small else GPU
+    overrides = {"out_dir": str(Path(out) / "runs")}
+    rows = run(sizes, overrides)
+    trace = traces(sizes, overrides)
+    save(rows, out, trace)
+    device = next(r["device"] for r in rows if not r["skipped"])
+    return dict.fromkeys(reference_names("04_ladder", device), reference_figures(rows, trace))
+
+
 def device_type(overrides: dict | None = None) -> str:
     """'cuda' where the rungs will run on a GPU (device=auto with one visible, or device=cuda), else 'cpu'."""
     import torch
@@ -144,7 +156,7 @@ def measure(rung: Rung, cfg: TrainConfig) -> dict:
     """One rung: a training run (or the bare loop) from a clean compiler cache, its figures as a row."""
     import torch
 
-    from . import engine
+    from .. import engine
 
     if cfg.compile:
         torch._dynamo.reset()  # each compiled rung compiles afresh: its compile time is its own
@@ -161,9 +173,9 @@ def bare_loop(cfg: TrainConfig) -> Result:
     import torch
     import torch.nn.functional as F
 
-    from . import data, engine, models, peaks
-    from .meters import StepClock, timing_fields, untimed_steps
-    from .precision import autocast
+    from .. import data, engine, models, peaks
+    from ..meters import StepClock, timing_fields, untimed_steps
+    from ..precision import autocast
 
     with engine.prepared_run(cfg) as r:
         model, opt, batches = r.model, r.opt, r.batches()
@@ -237,7 +249,7 @@ def job_sweep(sizes: Sizes, overrides: dict | None = None, device: str = "cuda")
 
 def gather(out_dir: str | Path, sizes: Sizes) -> list[dict]:
     """Rows from the result.json of each rung's folder under out_dir (a job array's tasks, or ladder runs)."""
-    from .results import load_result
+    from ..results import load_result
 
     rows = []
     for rung in rungs(sizes):
@@ -296,7 +308,7 @@ def trace_breakdown(cfg: TrainConfig) -> dict:
     as notebook 02 does: each part's share of the step, and the kernels that take the GPU's time."""
     import torch
 
-    from . import engine, trace_summary
+    from .. import engine, trace_summary
 
     prof = trace_config(cfg)
     if prof.compile:
