@@ -309,7 +309,9 @@ def cell_output(ui, d, cell, until, timeout=None) -> str:
 def run_and_read(ui, d, text: str, until, timeout=None) -> str:
     cell = ui.code_cell(d, text)
     ui.run_cell(d, cell)
-    return cell_output(ui, d, cell, until, timeout)
+    out = cell_output(ui, d, cell, until, timeout)
+    d.execute_script("arguments[0].scrollIntoView()", cell)  # the step's screenshot shows the cell and its output
+    return out
 
 
 def run_until_job_ends(ui, d, timeout: float) -> str:
@@ -585,6 +587,7 @@ def test_hub_down_cancels_its_servers_jobs_and_no_other(ui, learners, hub):
         log_in(ui, b, hub, "bob", hub.password("bob"))
         server = wait_until("bob's server job to run", lambda: (j := hub.server_job("bob")) and
                             j["state"] == "RUNNING" and j, 60, 0.5)
+        ui.waiter(b).until(lambda d: ui.css(d, ".jp-LabShell"), "bob's JupyterLab did not open")
     own = subprocess.run(["runuser", "-u", "alice", "--", "sbatch", "--parsable", "--job-name=not-the-hubs",
                           "--output=/dev/null", "--wrap=sleep 300"], capture_output=True, text=True, timeout=30,
                          cwd="/tmp", check=True).stdout.strip().split(";")[0]

@@ -288,6 +288,9 @@ cmd_down() {
     if hub_running; then
         pid=$(cat "$STATE/jupyterhub.pid")
         log "stopping the hub (PID $pid); it stops its servers"
+        # its idle-culler service first: the hub would give it 30 s to answer SIGINT, which it may not
+        local culler
+        for culler in $(pgrep -P "$pid" -f jupyterhub_idle_culler || true); do kill -TERM "$culler"; done
         kill -TERM "$pid"
         local deadline=$((SECONDS + 90))
         while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.5; done
