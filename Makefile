@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8888
 
-.PHONY: help venv kernel lab workbook handout doctor test data slurm-up slurm-down clean
+.PHONY: help venv kernel lab workbook handout doctor test data slurm-up slurm-down hub hub-down clean
 
 help:
 	@echo "make lab       set up the venv, register the kernel, start JupyterLab on 127.0.0.1"
@@ -16,6 +16,7 @@ help:
 	@echo "make doctor    the workshop pre-flight check of this machine (python -m tutorial_lib doctor)"
 	@echo "make data      stage cifar10, cifar100, mnist (needs internet: a login node) and imagefolder"
 	@echo "make slurm-up / slurm-down   the local test cluster (root)"
+	@echo "make hub / hub-down          a JupyterHub whose servers are Slurm jobs on it, learners alice and bob (root)"
 
 venv: $(STAMP)
 
@@ -52,10 +53,13 @@ doctor: venv
 
 # Slurm tests need the local cluster, which needs root; otherwise they are skipped with the reason.
 # The browser test needs Debian's chromium + chromium-driver: installed here as root, else it is skipped.
+# The hub test needs what `make hub` prepares (configurable-http-proxy from npm, the learners' shared
+# environment, their accounts and clones): prepared here as root; the test starts and stops its own hub.
 test: venv
 	@if [ "$$(id -u)" = 0 ]; then bash scripts/slurm/local-cluster.sh up; \
 	else echo "not root: the local Slurm cluster is not started and the Slurm tests will be skipped"; fi
 	@bash scripts/install-browser.sh
+	@if [ "$$(id -u)" = 0 ]; then bash scripts/hub/hub.sh prepare || echo "hub: not prepared (above): the hub test will fail"; fi
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest --nbval-lax --nbval-current-env --durations=15 tests notebooks
 
 data: venv
@@ -66,6 +70,13 @@ slurm-up:
 
 slurm-down:
 	bash scripts/slurm/local-cluster.sh down
+
+# JupyterHub on the local cluster (root): prints its address, the learners' accounts and the hand-out link.
+hub: venv
+	bash scripts/hub/hub.sh up
+
+hub-down:
+	bash scripts/hub/hub.sh down
 
 clean:
 	rm -rf build runs .pytest_cache

@@ -49,21 +49,34 @@ def stops_with_pytest():
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-@pytest.fixture(scope="module")
-def browser():
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000",
+    # nothing of its own on the network: no QUIC, first-run page, background requests, updates or sync
+    "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync",
+    # offline, like a browser that reaches only the cluster: every other host is unresolvable
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1")
+
+
+def chromium():
+    """A new headless Chromium with its own profile (cookies: one per learner), its console log kept."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000",
-                # offline, like a browser that reaches only the cluster: every other host is unresolvable
-                "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"):
+    for arg in CHROMIUM_FLAGS:
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
     driver.set_page_load_timeout(WAIT)
     driver.set_script_timeout(30)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = chromium()
     yield driver
     driver.quit()
 
@@ -209,12 +222,15 @@ class Steps:
     @contextlib.contextmanager
     def __call__(self, name: str):
         self.n += 1
-        failed = True
+        failed, t0 = True, time.time()
         try:
             yield
             failed = False
         finally:
-            self.driver.save_screenshot(str(self.folder / f"{self.n:02d}-{name}{'-FAILED' if failed else ''}.png"))
+            shot = f"{self.n:02d}-{name}{'-FAILED' if failed else ''}"
+            self.driver.save_screenshot(str(self.folder / f"{shot}.png"))
+            with open(self.folder / "steps.txt", "a") as log:  # how long each step took
+                log.write(f"{shot}: {time.time() - t0:.1f} s\n")
 
 
 def waiter(driver, timeout: float = WAIT):
@@ -252,6 +268,59 @@ def run_cell(driver, cell):
     ActionChains(driver).key_down(Keys.SHIFT).send_keys(Keys.ENTER).key_up(Keys.SHIFT).perform()
 
 
+def notebook_in_kernel(driver, kernel: str):
+    """Wait until the open notebook's kernel `kernel` is idle; fails on a kernel-choice (or any) dialog."""
+    status = f"{kernel} | Idle"
+    waiter(driver).until(lambda d: css(d, ".jp-Dialog") or any(e.text == status for e in css(d, ".jp-StatusBar-Item")),
+                         f"the kernel did not start: no '{status}' in the status bar")
+    assert not css(driver, ".jp-Dialog"), f"a dialog opened with the notebook: {css(driver, '.jp-Dialog')[0].text!r}"
+    assert css(driver, ".jp-NotebookPanel-toolbar .jp-KernelName")[-1].text == kernel
+
+
+def code_cell(driver, text: str):
+    """The first code cell of the open notebook whose source contains `text`."""
+    return waiter(driver).until(lambda d: next((c for c in css(d, ".jp-NotebookPanel:not(.lm-mod-hidden) "
+                                                                  ".jp-CodeCell") if text in c.text), False),
+                                f"no code cell with {text!r}")
+
+
+def check_loss_curve(driver, frame, run: str, steps: int, log_every: int, local_url: str):
+    """In TensorBoard's page in `frame`: the train/loss card of `run` (e.g. "name/tb") shows its last point, the
+    value TensorBoard's own API (at `local_url`) serves, and a curve drawn in the run's colour."""
+    from PIL import Image
+    from selenium.webdriver.common.keys import Keys
+
+    driver.execute_script("arguments[0].scrollIntoView()", frame)
+    driver.switch_to.frame(frame)
+    try:
+        waiter(driver).until(lambda d: css(d, "input[placeholder='Filter runs (regex)']"),
+                             "TensorBoard's page did not load through the proxy")
+        css(driver, "input[placeholder='Filter runs (regex)']")[0].send_keys(f"^{run.split('/')[0]}/")
+        css(driver, "input[placeholder='Filter tags (regex)']")[0].send_keys("^train/loss$", Keys.ESCAPE)
+        card = waiter(driver).until(lambda d: next((c for c in css(d, "scalar-card") if run in c.text), False),
+                                    f"no train/loss card of the run {run}")
+        assert card.text.replace("\n", "").startswith("train/loss")
+        # the data table: the run's last point, the value TensorBoard's own API serves
+        row = card.text.split("Relative\n", 1)[1].split("\n")
+        assert row[0] == run and int(row[3]) == steps, row
+        with urllib.request.urlopen(f"{local_url}data/plugin/scalars/scalars?run={run}&tag=train/loss",
+                                    timeout=10) as r:
+            points = json.load(r)
+        assert [p[1] for p in points] == list(range(log_every, steps + 1, log_every))
+        assert float(row[2]) == pytest.approx(points[-1][2], rel=1e-3)
+        # the curve: the chart's canvas gets the run's colour along it (2 px x the plot's width), once drawn
+        colour = css(card, "tb-data-table span[style*='background-color']")[0].value_of_css_property(
+            "background-color")
+        rgb = tuple(int(v) for v in colour[colour.index("(") + 1:colour.index(")")].split(",")[:3])
+
+        def curve_pixels(_):
+            canvas = Image.open(io.BytesIO(css(card, "canvas")[0].screenshot_as_png)).convert("RGB")
+            return sum(1 for px in canvas.get_flattened_data() if sum(abs(a - b) for a, b in zip(px, rgb)) < 30)
+        waiter(driver, 30).until(lambda _: curve_pixels(_) > 100, f"no curve in the run's colour {rgb} on the chart")
+    finally:
+        driver.switch_to.default_content()
+
+
 def mui_select(driver, current: str, choice: str):
     """Pick `choice` in the Material-UI drop-down that shows `current` (the profiler plugin's menus)."""
     from selenium.webdriver.common.by import By
@@ -269,9 +338,6 @@ def mui_select(driver, current: str, choice: str):
 
 @pytest.mark.parametrize("base_url", BASE_URLS, ids=["root", "hub-base-url"])
 def test_notebook_00_opens_in_the_workbook_kernel_and_shows_tensorboard(base_url, tiny_run, lab, boards, browser):
-    from PIL import Image
-    from selenium.webdriver.common.keys import Keys
-
     d, server, committed = browser, lab(base_url), NOTEBOOK.read_bytes()
     steps = Steps(d, "root" if base_url == "/" else base_url.strip("/").replace("/", "-"))
     with steps("lab"):
@@ -280,17 +346,10 @@ def test_notebook_00_opens_in_the_workbook_kernel_and_shows_tensorboard(base_url
 
     with steps("notebook-00-in-the-workbook-kernel"):
         open_in_file_browser(d, NOTEBOOK.name)
-        # a missing kernelspec shows a kernel-choice dialog; the right one starts and goes idle
-        status = f"{server.kernel} | Idle"
-        waiter(d).until(lambda d: css(d, ".jp-Dialog") or any(e.text == status for e in css(d, ".jp-StatusBar-Item")),
-                        f"the kernel did not start: no '{status}' in the status bar")
-        assert not css(d, ".jp-Dialog"), f"a dialog opened with the notebook: {css(d, '.jp-Dialog')[0].text!r}"
-        assert css(d, ".jp-NotebookPanel-toolbar .jp-KernelName")[0].text == server.kernel
+        notebook_in_kernel(d, server.kernel)  # a missing kernelspec shows a kernel-choice dialog
 
     with steps("tensorboard-cell"):
-        cells = css(d, ".jp-Notebook .jp-CodeCell")
-        setup = next(c for c in cells if "tl.notebook.setup()" in c.text)
-        board_cell = next(c for c in cells if "tl.tensorboard.start(" in c.text)
+        setup, board_cell = code_cell(d, "tl.notebook.setup()"), code_cell(d, "tl.tensorboard.start(")
         run_cell(d, setup)
         waiter(d).until(lambda d: "workbook ready" in setup.text, "the set-up cell printed no banner")
         cfg = tiny_run.wait()  # TensorBoard's page lists the dashboards that have data when it loads
@@ -312,34 +371,7 @@ def test_notebook_00_opens_in_the_workbook_kernel_and_shows_tensorboard(base_url
         d.execute_script("arguments[0].scrollIntoView()", board_cell)  # the cell, its link and the view
 
     with steps("train-loss-curve"):
-        d.execute_script("arguments[0].scrollIntoView()", frame)
-        d.switch_to.frame(frame)
-        try:
-            css(d, "input[placeholder='Filter runs (regex)']")[0].send_keys(f"^{RUN.name}/")
-            css(d, "input[placeholder='Filter tags (regex)']")[0].send_keys("^train/loss$", Keys.ESCAPE)
-            run = f"{RUN.name}/tb"
-            card = waiter(d).until(lambda d: next((c for c in css(d, "scalar-card") if run in c.text), False),
-                                   f"no train/loss card of the run {run}")
-            assert card.text.replace("\n", "").startswith("train/loss")
-            # the data table: the run's last point, the value TensorBoard's own API serves
-            row = card.text.split("Relative\n", 1)[1].split("\n")
-            assert row[0] == run and int(row[3]) == cfg.steps, row
-            with urllib.request.urlopen(f"{board.local_url}data/plugin/scalars/scalars?run={run}&tag=train/loss",
-                                        timeout=10) as r:
-                points = json.load(r)
-            assert [p[1] for p in points] == list(range(cfg.log_every, cfg.steps + 1, cfg.log_every))
-            assert float(row[2]) == pytest.approx(points[-1][2], rel=1e-3)
-            # the curve: the chart's canvas gets the run's colour along it (2 px x the plot's width), once drawn
-            colour = css(card, "tb-data-table span[style*='background-color']")[0].value_of_css_property(
-                "background-color")
-            rgb = tuple(int(v) for v in colour[colour.index("(") + 1:colour.index(")")].split(",")[:3])
-
-            def curve_pixels(_):
-                canvas = Image.open(io.BytesIO(css(card, "canvas")[0].screenshot_as_png)).convert("RGB")
-                return sum(1 for px in canvas.get_flattened_data() if sum(abs(a - b) for a, b in zip(px, rgb)) < 30)
-            waiter(d, 30).until(lambda _: curve_pixels(_) > 100, f"no curve in the run's colour {rgb} on the chart")
-        finally:
-            d.switch_to.default_content()
+        check_loss_curve(d, frame, f"{RUN.name}/tb", cfg.steps, cfg.log_every, board.local_url)
     assert NOTEBOOK.read_bytes() == committed, "JupyterLab changed the committed notebook"
 
 

@@ -109,7 +109,7 @@ def test_local_jupyter_link_goes_through_its_proxy_when_it_has_one(status, has_p
         tensorboard._serves_proxy.cache_clear()
         tb = tensorboard.TensorBoard(pid=1, port=6006, logdir="/x")
         assert tb.url == ("/user/alice/proxy/6006/" if has_proxy else "http://127.0.0.1:6006/")
-        assert asked == ["/user/alice/proxy/1/"]
+        assert asked == ["/user/alice/proxy/1"]
         assert tb.url and len(asked) == 1  # asked once per server, not at every display
     finally:
         httpd.shutdown()

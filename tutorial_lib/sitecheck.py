@@ -5,6 +5,9 @@ login node. Each returns a Check; every command they start has a timeout, and no
                                          time limit suit this cluster (sbatch --test-only of a rendered job)
     the running Jupyter server           is jupyter-server-proxy importable in *its* Python, and does a
                                          page on 127.0.0.1 (TensorBoard) answer through <base_url>proxy/<port>/
+                                         (on JupyterHub: through the hub's address, with the server's token)
+    a server spawned by JupyterHub       the hub's prefix, and the limits of the Slurm job it runs in (CPUs,
+                                         memory, GPUs, the time left)
 """
 from __future__ import annotations
 
@@ -17,7 +20,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from functools import cached_property
@@ -95,6 +100,26 @@ class SiteFacts:
         if chosen is not None:
             chosen = {**chosen, "python": _python_of(chosen["pid"]), "serves_this_kernel": bool(mine)}
         return chosen
+
+    @cached_property
+    def job(self) -> dict[str, str] | None:
+        """`scontrol show job` of the Slurm job this process runs in, as a dict; None outside a job or when
+        Slurm does not answer."""
+        job = os.environ.get("SLURM_JOB_ID")
+        if not job or shutil.which("scontrol") is None:
+            return None
+        code, out = run_command(["scontrol", "show", "job", "-o", job], self.opts.timeout)
+        return dict(re.findall(r"(\w+)=(\S*)", out)) if code == 0 else None
+
+
+def hub_server() -> dict | None:
+    """What JupyterHub told the server this kernel runs in (its kernels inherit it), or None outside a hub."""
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX")
+    if not prefix:
+        return None
+    return {"user": os.environ.get("JUPYTERHUB_USER", "?"), "prefix": prefix,
+            "public_url": os.environ.get("JUPYTERHUB_PUBLIC_URL") or None,
+            "token": os.environ.get("JUPYTERHUB_API_TOKEN", "")}
 
 
 def _servers() -> list[dict]:
@@ -241,7 +266,7 @@ def check_proxy(ctx: SiteFacts) -> Check:
 
 
 def check_tensorboard(ctx: SiteFacts) -> Check:
-    server = ctx.server
+    server, hub = ctx.server, hub_server()
     if server is None:
         return Check("tensorboard", "SKIP", "no running Jupyter server: the link through its proxy is checked "
                      "while one runs (notebook 00 opened in JupyterLab or on the hub, or beside `make lab`)")
@@ -249,20 +274,88 @@ def check_tensorboard(ctx: SiteFacts) -> Check:
 
     boards = running()
     with _Target(boards[0].port if boards else None) as port:
-        url = f"{server['url'].rstrip('/')}/proxy/{port}/"
-        request = urllib.request.Request(url, headers={"Authorization": f"token {server.get('token', '')}"})
         shown = f"{server.get('base_url', '/')}proxy/{port}/"
+        if hub:  # the way the learner's browser goes: the hub's address (its proxy), with this server's token
+            base, token = hub["public_url"] or server["url"], hub["token"]
+            how = "through the hub" if hub["public_url"] else "through this server (the hub gives no public URL)"
+        else:
+            base, token, how = server["url"], server.get("token", ""), "through the Jupyter server"
+        url = f"{base.rstrip('/')}/proxy/{port}/"
         what = "TensorBoard" if boards else "a test page (no TensorBoard runs)"
+        request = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
         try:
-            with urllib.request.urlopen(request, timeout=min(ctx.opts.timeout, 10)) as r:
-                return Check("tensorboard", "PASS", f"{what} on port {port} answers through {shown} ({r.status})")
+            with urllib.request.build_opener(_NoRedirect).open(request, timeout=min(ctx.opts.timeout, 10)) as r:
+                return Check("tensorboard", "PASS", f"{what} on port {port} answers at {shown}, {how} ({r.status})")
         except urllib.error.HTTPError as e:
-            status = "WARN" if e.code in (401, 403) else "FAIL"
-            return Check("tensorboard", status, f"{shown} answers {e.code} {e.reason} for {what}",
-                         "the hub's server needs jupyter-server-proxy enabled" if status == "FAIL" else
-                         "log in: open the link shown by tl.tensorboard.start in the browser")
+            code, answer = e.code, f"{e.code} {e.reason}"
+            if code in (301, 302, 303, 307, 308) and _same_path(e.headers.get("Location", ""), url):
+                # Jupyter sends an unknown `.../` to the same path without the slash, which is no page either
+                code, answer = 404, f"{e.code}, to the same address without its last slash: no such page"
+            elif code in (301, 302, 303, 307, 308, 401, 403):
+                return Check("tensorboard", "WARN", f"{shown} sends this check to the login page ({code}): the "
+                             f"link works once you are logged in", "open the link tl.tensorboard.start shows")
+            return Check("tensorboard", "FAIL", f"{shown} answers {answer} for {what}, {how}"
+                         + (": this server has no jupyter-server-proxy" if code == 404 else ""),
+                         "the hub's admins: install and enable jupyter-server-proxy in the servers' environment; "
+                         f"meanwhile ssh -L {port}:127.0.0.1:{port} to this node and open http://127.0.0.1:{port}/")
         except OSError as e:
-            return Check("tensorboard", "FAIL", f"{shown} does not answer ({e})", "is the Jupyter server up?")
+            return Check("tensorboard", "FAIL", f"{shown} does not answer {how} ({e})", "is the Jupyter server up?")
+
+
+def _same_path(location: str, url: str) -> bool:
+    return urllib.parse.urlparse(location).path.rstrip("/") == urllib.parse.urlparse(url).path.rstrip("/")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # a redirect (to a login page) is the answer to report, not a page to follow
+
+
+def check_hub(ctx: SiteFacts) -> Check:
+    """Inside a server that JupyterHub spawned: the hub's prefix, and the limits of the Slurm job it runs in."""
+    hub, job = hub_server(), os.environ.get("SLURM_JOB_ID")
+    if hub is None:
+        return Check("hub", "SKIP", "not in a server spawned by JupyterHub" + (f" (in Slurm job {job})" if job else "")
+                     + ": on a hub this line shows the server's prefix and its job's limits")
+    home = Path.home()
+    package = f"~/{ROOT.relative_to(home)}" if home in ROOT.parents else str(ROOT)
+    where = f"the JupyterHub server of {hub['user']} at {hub['prefix']} (the workbook's package from {package})"
+    if not job:
+        return Check("hub", "PASS", f"{where}; not a Slurm job: the hub's own limits apply")
+    facts = ctx.job
+    if not facts:
+        return Check("hub", "WARN", f"{where}, in Slurm job {job}, which scontrol does not describe",
+                     "check that Slurm's commands work on this node (scontrol show job $SLURM_JOB_ID)")
+    text = f"{where}, Slurm job {job} on {facts.get('NodeList', '?')}: {_job_limits(facts)}"
+    try:
+        left = time.mktime(time.strptime(facts["EndTime"], "%Y-%m-%dT%H:%M:%S")) - time.time()
+    except (KeyError, ValueError):  # Unknown: no time limit
+        return Check("hub", "PASS", text)
+    text += f"; it ends at {facts['EndTime'].replace('T', ' ')} ({_duration(left)} from now)"
+    if left < SERVER_MINUTES_LEFT * 60:
+        return Check("hub", "WARN", text, "save your notebooks now; then stop this server (File > Hub Control Panel) "
+                     "and start a new one for a full time limit")
+    return Check("hub", "PASS", text)
+
+
+def _job_limits(facts: dict[str, str]) -> str:
+    """CPUs, memory, GPUs and time limit of a job from `scontrol show job` (the allocated TRES where Slurm
+    tracks them, else what the job asked for: memory per node or per CPU, GPUs per node or per job)."""
+    tres = dict(kv.split("=", 1) for kv in facts.get("TRES", "").split(",") if "=" in kv)
+    cpus = tres.get("cpu", facts.get("NumCPUs", "?"))
+    memory = tres.get("mem") or facts.get("MinMemoryNode") or (
+        f"{facts['MinMemoryCPU']} per CPU" if facts.get("MinMemoryCPU") else "?")
+    asked = " ".join(facts.get(k, "") for k in ("TresPerNode", "TresPerJob", "Gres"))
+    gpus = tres.get("gres/gpu") or next(iter(re.findall(r"gpu(?::[\w-]+)?[:=](\d+)", asked)), "0")
+    return f"{cpus} CPUs, {memory} memory, {gpus} GPU(s), time limit {facts.get('TimeLimit', '?')}"
+
+
+SERVER_MINUTES_LEFT = 30  # fewer minutes left in the server's job: a warning (a lesson does not fit)
+
+
+def _duration(seconds: float) -> str:
+    minutes = max(0, int(seconds // 60))
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
 
 
 class _Target:
@@ -293,4 +386,4 @@ class _Target:
 
 
 SITE_CHECKS = (check_slurm, check_partition, check_account, check_sbatch, check_time, check_proxy,
-               check_tensorboard)
+               check_tensorboard, check_hub)

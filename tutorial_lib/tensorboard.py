@@ -8,6 +8,7 @@ forwards Jupyter's port only). That address is the link and what the inline view
 from __future__ import annotations
 
 import errno
+import html
 import json
 import os
 import signal
@@ -72,12 +73,24 @@ class TensorBoard:
         return self.logdir if rel.startswith("..") else rel
 
     def _repr_html_(self) -> str:
+        if _hub_without_proxy():
+            return f'<p style="color:#b00000"><b>{html.escape(self.no_proxy_message())}</b></p>'
         return (f'<p>TensorBoard (pid {self.pid}) for <code>{self.shown_logdir}</code>: '
                 f'<a href="{self.url}" target="_blank">{self.url}</a></p>'
                 f'<iframe src="{self.url}" width="100%" height="600" frameborder="0"></iframe>')
 
     def __repr__(self) -> str:
+        if _hub_without_proxy():
+            return self.no_proxy_message()
         return f"TensorBoard for {self.shown_logdir} at {self.url} (pid {self.pid})"
+
+    def no_proxy_message(self) -> str:
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        return (f"TensorBoard runs (pid {self.pid}, port {self.port} on {node}), but this JupyterHub server has no "
+                "jupyter-server-proxy, so your browser cannot reach it through the hub. What to do: ask the hub's "
+                "admins to install jupyter-server-proxy in the servers' environment; meanwhile, from your computer, "
+                f"ssh -L {self.port}:127.0.0.1:{self.port} {node} (through the login node: -J <login node>) and open "
+                f"http://127.0.0.1:{self.port}/")
 
 
 def proxy_prefix() -> str | None:
@@ -95,6 +108,14 @@ def proxy_prefix() -> str | None:
     if server and _serves_proxy(server["url"]):
         return server["base_url"].rstrip("/") + "/proxy/"
     return None
+
+
+def _hub_without_proxy() -> bool:
+    """On JupyterHub, the server this kernel runs in lacks jupyter-server-proxy's route (links would answer 404)."""
+    if not os.environ.get("JUPYTERHUB_SERVICE_PREFIX"):
+        return False
+    server = _parent_jupyter_server()
+    return server is not None and not _serves_proxy(server["url"])
 
 
 def _parent_jupyter_server() -> dict | None:
@@ -122,10 +143,11 @@ def _serves_proxy(server_url: str) -> bool:
     """Whether the Jupyter server at `server_url` has jupyter-server-proxy's `proxy/<port>/` route.
 
     Without it the route is an unknown page (404); with it, an unauthenticated request is sent to the login
-    page (302) before anything is proxied, so no token is needed to ask.
+    page (302) before anything is proxied, so no token is needed to ask. (Without the trailing slash: Jupyter
+    answers any unknown `.../` with a redirect to the same path without it.)
     """
     try:
-        urllib.request.build_opener(_NoRedirect).open(server_url.rstrip("/") + "/proxy/1/", timeout=5).close()
+        urllib.request.build_opener(_NoRedirect).open(server_url.rstrip("/") + "/proxy/1", timeout=5).close()
         return True
     except urllib.error.HTTPError as e:
         return e.code != 404
