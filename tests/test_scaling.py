@@ -163,6 +163,33 @@ def test_shapes_hard_is_deterministic_and_differs_from_shapes():
     assert a.shape == (100, 32, 32, 3) and set(ya) <= set(range(10))
 
 
+def test_shapes_faint_draws_contrast_from_a_continuum_and_loads_by_name():
+    """The race's set: shapes_hard's layout with each image's contrast log-uniform from almost nothing to plain,
+    so some images are below the noise (a ceiling under 100%) and the rest spread over every difficulty."""
+    import numpy as np
+
+    from tutorial_lib import data, shapes
+
+    a, ya = shapes.make_shapes(64, seed=1, faint=True)
+    b, yb = shapes.make_shapes(64, seed=1, faint=True)
+    h, _ = shapes.make_shapes(64, seed=1, hard=True)
+    assert (a == b).all() and (ya == yb).all() and not (a == h).all() and a.shape == (64, 32, 32, 3)
+
+    def spread(x):  # each image's pixel spread, where its background is clear of 0 and 255 (no clipping)
+        x = x.astype(float)
+        bg = np.median(x.reshape(len(x), -1, 3), axis=1)
+        return x.reshape(len(x), -1).std(1)[((bg > 60) & (bg < 195)).all(1)]
+
+    # the faintest images of shapes_faint are the noise alone (36 per pixel); shapes_hard's all stand out of it
+    faint, hard = (np.percentile(spread(shapes.make_shapes(1024, 2, **k)[0]), 5) for k in ({"faint": True},
+                                                                                             {"hard": True}))
+    assert faint < 38.5 < hard
+    assert shapes.FAINT_CONTRAST[0] < 36 / 4 and shapes.FAINT_CONTRAST[1] > 2 * 36  # a quarter of the noise to twice it
+    cfg = TrainConfig(dataset="shapes_faint", train_size=32, val_size=16)
+    images, labels = data.base_dataset(cfg, "val")[0]
+    assert images.shape == (3, 32, 32) and data.num_classes("shapes_faint") == 10
+
+
 def test_grad_sync_false_lets_the_ranks_drift_apart(tmp_path, two_rank_run):
     from test_ddp import torchrun
 

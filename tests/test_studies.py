@@ -67,6 +67,11 @@ def test_the_cli_lists_studies_and_refuses_an_unknown_one(tiny, capsys):
     assert "no study named 'no_such_study'" in capsys.readouterr().err
 
 
+def test_only_is_refused_by_a_study_that_does_not_keep_its_cases(tiny, capsys):
+    assert main(["study", "tiny", "--small", "--only", "a,b"]) == 2
+    assert "study tiny does not keep its cases' records one by one" in capsys.readouterr().err
+
+
 def test_every_registered_study_names_a_function_that_exists():
     for study in studies.STUDIES.values():
         assert callable(study.function()), study.name

@@ -161,12 +161,15 @@ def study(argv: list[str]) -> int:
                    "without a GPU, or as $WORKBOOK_SIZE says)")
     p.add_argument("--reference", action="store_true", help="also write notebooks/reference/ (full sizes, a GPU)")
     p.add_argument("--out", help="where its tables, logs and reference records go (default: runs/study_NAME)")
+    p.add_argument("--only", action="append", metavar="CASE,...",
+                   help="run just these cases and merge their records into the study's existing record")
     args = p.parse_args(argv)
     if args.list or not args.name:
         print(studies.listing())
         return 0 if args.list else 2
     studies.get(args.name)  # an unknown name fails here, before any work
-    studies.run(args.name, size.current(args.small), args.out or f"runs/study_{args.name}", args.reference)
+    studies.run(args.name, size.current(args.small), args.out or f"runs/study_{args.name}", args.reference,
+                args.only)
     return 0
 
 

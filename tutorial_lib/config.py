@@ -82,7 +82,7 @@ def check_world(parallel: str, world_size: int) -> None:
                           "or use parallel=none")
 
 
-DATASETS = ("shapes", "cifar10", "cifar100", "mnist", "imagefolder", "shapes_hard")
+DATASETS = ("shapes", "cifar10", "cifar100", "mnist", "imagefolder", "shapes_hard", "shapes_faint")
 MODELS = ("resnet18", "resnet18_imagenet", "mnist_cnn")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 PARALLEL = ("none", "dp", "ddp")

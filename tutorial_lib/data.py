@@ -28,6 +28,7 @@ from .shapes import cached_shapes
 SPECS = {
     "shapes": (3, 32, 10, (0.45, 0.45, 0.45), (0.25, 0.25, 0.25)),
     "shapes_hard": (3, 32, 10, (0.5, 0.5, 0.5), (0.3, 0.3, 0.3)),
+    "shapes_faint": (3, 32, 10, (0.5, 0.5, 0.5), (0.3, 0.3, 0.3)),
     "imagefolder": (3, 32, 10, (0.45, 0.45, 0.45), (0.25, 0.25, 0.25)),
     "cifar10": (3, 32, 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": (3, 32, 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
@@ -135,9 +136,10 @@ class TorchvisionImages:
 def base_dataset(cfg: TrainConfig, split: str):
     """The un-augmented images of a split ('train' or 'val') as an indexable of (uint8 CHW, label).
     (Notebook 03 teaches it.)"""
-    if cfg.dataset in ("shapes", "shapes_hard"):
+    if cfg.dataset in ("shapes", "shapes_hard", "shapes_faint"):
         n = (cfg.train_size or 50_000) if split == "train" else (cfg.val_size or 10_000)
-        return ArrayImages(*cached_shapes(n, seed=2 * cfg.seed + (split == "val"), hard=cfg.dataset == "shapes_hard"))
+        return ArrayImages(*cached_shapes(n, seed=2 * cfg.seed + (split == "val"), hard=cfg.dataset == "shapes_hard",
+                                          faint=cfg.dataset == "shapes_faint"))
     if Path(cfg.data_dir).exists() and not Path(cfg.data_dir).is_dir():  # not "stage the data into it"
         raise DataNotFound(f"data_dir={cfg.data_dir!r} is a file, not a folder; give the folder that holds the "
                            "staged datasets (the workbook's is data)")

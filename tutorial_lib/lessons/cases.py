@@ -6,7 +6,9 @@ uses, run as the workbook's own command line in a fresh process:
 
 Cases run one at a time, each with the node to itself (a baseline shares nothing with another run), its
 output appended to one log, its result.json read back into a record. A study gives the runner a time budget:
-a case whose estimate no longer fits is skipped, and its record says so. On a GPU node an nvidia-smi monitor
+a case whose estimate no longer fits is skipped, and its record says so. With a Selection (`python -m
+tutorial_lib study NAME --only CASE,...`) only the cases named run; every other case keeps its record from the
+existing reference record, if that record ran the configuration the study asks for now. On a GPU node an nvidia-smi monitor
 samples each case's GPUs (utilisation over every sample of the timed window, memory in MiB). Efficiency is
 never computed here: the studies call tl.scaling.efficiency on the records' results.
 """
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import engine
-from ..config import TrainConfig, usable_cpus
+from ..config import TrainConfig, UserError, usable_cpus
 
 KEEP = ("config", "device", "world_size", "steps", "global_batch", "throughput_img_s", "step_time_ms",
         "data_wait_ms", "val_accuracy", "peak_memory_mb", "wall_time_s", "torch_version", "compile_time_s",
@@ -50,16 +52,52 @@ class Case:
         return [sys.executable, "-m", "tutorial_lib", self.command, *self.args, *cfg.to_overrides()]
 
 
+def node_gpus(gpus_visible: int) -> int:
+    """The GPUs a study sizes its cases to: the most of 1, 2 and 4 that the node has (8 GPUs: 4)."""
+    return max(n for n in (1, 2, 4) if n <= max(gpus_visible, 1))
+
+
+@dataclass
+class Selection:
+    """`--only`: the cases to run now, and the records of the existing reference record (by case name) that the
+    others keep."""
+    only: frozenset
+    prior: dict
+
+    def check(self, names: list[str]) -> None:
+        """Refuse, before anything runs, a name that is no case of the study on this node."""
+        unknown = sorted(self.only - set(names))
+        if unknown:
+            raise UserError(f"--only {','.join(unknown)}: no such case in this study on this node; its cases are: "
+                            f"{', '.join(names)}")
+
+
+IGNORED = ("out_dir", "resume", "progress", "data_dir")  # config keys that say where a run wrote, not what it ran
+REWRITTEN = {"bench": ("steps",)}  # keys a command writes into its result's config (the bench: warm-up + timed steps)
+
+
+def stale(prior: dict, case: Case) -> str | None:
+    """Why a prior record does not hold what `case` runs now ('dataset=shapes_hard, now shapes_faint'), or None.
+    The record's own copy of the case's config is compared (older records: its result's, less what the command
+    rewrites there); keys that only one side has (a config key added since) are not compared."""
+    old = prior.get("config") or {k: v for k, v in ((prior.get("result") or {}).get("config") or {}).items()
+                                  if k not in REWRITTEN.get(prior.get("command", case.command), ())}
+    new = case.cfg.to_dict()
+    diff = [f"{k}={old[k]}, now {new[k]}" for k in new if k in old and k not in IGNORED and old[k] != new[k]]
+    return "; ".join(diff) or None
+
+
 class Runner:
     """Runs cases into <out>/runs/<name>, one at a time, within `budget_s` seconds; `records` by name."""
 
-    def __init__(self, out: str | os.PathLike, budget_s: float, gpus_here: int):
+    def __init__(self, out: str | os.PathLike, budget_s: float, gpus_here: int, select: Selection | None = None):
         self.out = Path(out)
         self.runs = self.out / "runs"
         self.runs.mkdir(parents=True, exist_ok=True)
         self.log_path = self.out / "cases.log"
         self.budget_s, self.gpus_here, self.t0 = budget_s, gpus_here, time.time()
         self.records: dict[str, dict] = {}
+        self.select = select
 
     def left(self) -> float:
         return self.budget_s - (time.time() - self.t0)
@@ -69,8 +107,11 @@ class Runner:
 
     def run(self, case: Case) -> dict:
         """Run one case now, or record why not (the budget, too few GPUs); returns its record."""
+        if self.select and case.name not in self.select.only:
+            return self._kept(case)
         case = self.with_dir(case)
-        rec = {"case": case.name, "about": case.about, "gpus": case.gpus, "command": case.command}
+        rec = {"case": case.name, "about": case.about, "gpus": case.gpus, "command": case.command,
+               "config": case.cfg.to_dict()}
         if self.gpus_here and case.gpus > self.gpus_here:
             return self._keep(rec, f"skipped: needs {case.gpus} GPUs, this node has {self.gpus_here}")
         if self.left() < case.estimate_s:
@@ -98,6 +139,25 @@ class Runner:
             status = status if status != "ok" else "failed: no result.json"
             rec["last_words"] = text.strip().splitlines()[-12:]
         return self._keep(rec, status)
+
+    def skip(self, case: Case, why: str) -> dict:
+        """Record that `case` did not run, and why (a study's own reason: no race target, say)."""
+        return self._keep({"case": case.name, "about": case.about, "gpus": case.gpus, "command": case.command},
+                          f"skipped: {why}")
+
+    def _kept(self, case: Case) -> dict:
+        """A case --only left out: its prior record if that ran this configuration; otherwise a record saying so."""
+        prior = self.select.prior.get(case.name)
+        rec = {"case": case.name, "about": case.about, "gpus": case.gpus, "command": case.command}
+        if prior is None:
+            return self._keep(rec, f"skipped: not recorded yet (run it with --only {case.name})")
+        why = stale(prior, case)
+        if why:
+            return self._keep(rec, f"skipped: its record ran another configuration ({why}); run it again with "
+                                   f"--only {case.name}")
+        self.records[case.name] = prior
+        print(line(prior) + "  (kept)", flush=True)
+        return prior
 
     def _execute(self, case: Case, timeout: float) -> tuple[str, str]:
         procs = case.gpus if case.cfg.parallel == "ddp" else 1
@@ -138,6 +198,21 @@ class Runner:
         path = self.out / "cases.json"
         path.write_text(json.dumps(self.records, indent=1) + "\n")
         return path
+
+
+def why_missing(rec: dict, node_gpus: int | None = None) -> str:
+    """Why a record holds no figure for a case, in a learner's words (its status says it for the log)."""
+    status = rec.get("status", "")
+    if "needs" in status and "GPUs" in status:
+        have = node_gpus or re.search(r"has (\d+)", status)[1]
+        return f"the reference node had {have} GPUs, and this case wants {rec['gpus']}"
+    if "budget" in status:
+        return "the study's time budget ran out before it"
+    if "another configuration" in status:
+        return "its recorded run used another configuration (it waits to be run again)"
+    if "not recorded yet" in status:
+        return "not run yet"
+    return status.removeprefix("skipped: ") or "not run"
 
 
 def line(rec: dict) -> str:

@@ -1,10 +1,11 @@
 """The optional case study of notebook 05: DDP at batch 256 per GPU with a compiled, CUDA-graphed step, form by
 form, and where the step's time goes on every rank against one GPU.
 
-    python -m tutorial_lib study ddp_probe --reference     # a 4-GPU node: about 6 minutes
+    python -m tutorial_lib study ddp_probe --reference     # a node with 2 or 4 GPUs: about 6 minutes
     python -m tutorial_lib study ddp_probe --small         # tiny sizes on a CPU: the traced pair only
 
-The forms, each an untraced run of 4 GPUs one at a time (lessons/cases.py), from DDP's own hooks to the
+The forms, each an untraced run on every GPU of the node (N = 2 or 4: the most of those it has; a node with one
+GPU runs the one-GPU cases only), one at a time (lessons/cases.py), from DDP's own hooks to the
 workbook's whole-step graph: eager DDP; compile_mode=reduce-overhead with DDP's hooks (ddp_sync=hooks) and
 the graph cut at the buckets (ddp_compile=split), compiled inside DDP (inner), one graph (whole); the same
 with one flat all-reduce after the backward pass (ddp_sync=flat); the whole step as one CUDA graph
@@ -18,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import roofline, scaling
-from .cases import Case, Runner
+from .cases import Case, Runner, node_gpus
 from .dpddp import TRACED, graphed, recipe
 from ..config import UserError
 
@@ -35,9 +36,10 @@ FORMS = {  # the forms of DDP at batch 256 per GPU, in the order the case study 
 }
 
 
-def cases(size) -> list[Case]:
+def cases(size, gpus: int = 4) -> list[Case]:
+    """The forms on a node of `gpus` GPUs (2 or 4: DDP on all of them; 1: the one-GPU cases only)."""
     base = recipe(size)
-    ddp, n = base.replace(parallel="ddp"), size.pick(2, 4)
+    ddp, n = base.replace(parallel="ddp"), size.pick(2, gpus)
     ro = dict(compile=not size.small, compile_mode="reduce-overhead")
     trace = dict(TRACED, profile_wait=size.pick(2, 150), profile_active=size.pick(2, 3))
     traced = [Case("1gpu_graph_traced", graphed(base, size).replace(**trace), 1, "1 GPU, whole-step graph, traced"),
@@ -45,6 +47,9 @@ def cases(size) -> list[Case]:
                    "DDP, whole-step graph, every rank traced")]
     if size.small:
         return traced
+    if n < 2:
+        return [Case("1gpu_graph_b256", graphed(base, size), 1, "1 GPU, whole-step graph", estimate_s=45),
+                Case("1gpu_reduce-overhead_b256", base.replace(**ro), 1, "1 GPU, reduce-overhead", estimate_s=45)]
     return [
         Case("1gpu_graph_b256", graphed(base, size), 1, "1 GPU, whole-step graph", estimate_s=45),
         Case("1gpu_reduce-overhead_b256", base.replace(**ro), 1, "1 GPU, reduce-overhead", estimate_s=45),
@@ -65,11 +70,12 @@ def study(size, out: Path) -> dict[str, dict]:
     """`python -m tutorial_lib study ddp_probe`: the forms, then the traced pair taken apart kernel class by class."""
     import torch
 
-    runner = Runner(out, size.pick(1800, BUDGET_S), 0 if size.small else torch.cuda.device_count())
-    for case in cases(size):
+    here = 0 if size.small else torch.cuda.device_count()
+    runner = Runner(out, size.pick(1800, BUDGET_S), here)
+    for case in cases(size, node_gpus(here)):
         runner.run(case)
     runner.save()
-    figures: dict = {"recipe": " ".join(recipe(size).to_overrides())}
+    figures: dict = {"recipe": " ".join(recipe(size).to_overrides()), "gpus": size.pick(2, node_gpus(here))}
     singles = [rec["result"] for rec in runner.records.values() if rec.get("result") and rec["gpus"] == 1
                and not rec["result"]["config"]["profile"]]
     for name, rec in runner.records.items():

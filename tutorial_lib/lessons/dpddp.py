@@ -1,30 +1,36 @@
 """Notebook 05's GPU study: DataParallel against DDP, measured on the CIFAR-stem ResNet-18.
 
-    python -m tutorial_lib study dpddp --reference     # a 4-GPU node: at most 5 minutes (a 2-GPU node runs its part)
+    python -m tutorial_lib study dpddp --reference     # a node with 2 or 4 GPUs: about 5 minutes
+    python -m tutorial_lib study dpddp --reference --only dp_2_cudnn,ddp_eager_2_traced   # cases missing from it
     python -m tutorial_lib study dpddp --small         # the same code with tiny sizes on a CPU (2 gloo processes)
 
-Every case is an untraced run of the workbook's command line, one at a time with the node to itself
-(lessons/cases.py), at batch 256 per GPU unless its words say otherwise, in bf16 + channels_last with the
-dataset on the GPU:
+The cases are sized to the node (N = 1, 2 or 4 GPUs: the most of those it has) and each is an untraced run of the
+workbook's command line, one at a time with the node to itself (lessons/cases.py), at batch 256 per GPU unless
+its words say otherwise, in bf16 + channels_last with the dataset on the GPU:
   one GPU alone, in each recipe the other runs use: eager; the whole step as one CUDA graph, compiled (the
     step of configs/optimized.yaml); eager at batch 1024;
-  DataParallel on 2 and 4 GPUs, each phase of its step timed on the host clock (time_parts=true); on 4 GPUs
+  DataParallel on 2 (and 4) GPUs, each phase of its step timed on the host clock (time_parts=true); on N GPUs
     at batch 1024 per GPU (how much of its cost is per step); and with cudnn_benchmark=force (the trap);
-  DDP eager and with the whole-step graph on 2 and 4 GPUs; eager on 4 GPUs once more, traced on every rank;
+  DDP eager and with the whole-step graph on 2 (and 4) GPUs; eager on N GPUs once more, traced on every rank;
   DDP's knobs on 2 GPUs, each against the same run with the defaults.
-Speedup and efficiency come from tl.scaling.efficiency only, against the same recipe on one GPU; the
-functions below turn the record into the tables notebook 05 prints.
+Speedup and efficiency come from tl.scaling.efficiency only, against the same recipe on one GPU, judged by the
+noise rule (tl.scaling.scaling_verdict); the functions below turn the record into the tables notebook 05 prints
+and name, once each, the cases the record lacks (GROUPS) and why.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from . import scaling
-from .cases import Case, Runner, trace_figures
+from .cases import Case, Runner, Selection, node_gpus, trace_figures, why_missing
 from ..config import TrainConfig, UserError
 
-BUDGET_S = 300  # full size: cases that would start past this are skipped (and say so)
+BUDGET_S = 360  # full size: cases that would start past this are skipped (and say so); one device call is 600 s
 TRACED = dict(profile=True, profile_ranks="all", profile_warmup=1, profile_memory=False, profile_record_shapes=False)
+GROUPS = {  # which cell of notebook 05 shows (or names as missing) which cases: every case in exactly one
+    "dp": r"dp_\d+", "overhead": r"(one_eager|dp_\d+)_b1024", "trap": r"dp_\d+_cudnn",
+    "ddp": r"one_eager|one_graph|ddp_(eager|graph)_\d+", "traced": r"ddp_eager_\d+_traced", "knobs": r"knob_\w+"}
 
 
 def recipe(size) -> TrainConfig:
@@ -42,55 +48,63 @@ def graphed(cfg: TrainConfig, size) -> TrainConfig:
     return cfg.replace(cuda_graph=True, compile=not size.small)
 
 
-def cases(size) -> list[Case]:
-    """The study's cases, most telling first (a budget that runs out skips the last)."""
-    base, n = recipe(size), size.pick(8, 256)
+def cases(size, gpus: int = 4) -> list[Case]:
+    """The study's cases on a node of `gpus` GPUs (1, 2 or 4), most telling first (a budget that runs out skips
+    the last); small: one case of each kind the tables read, on 2 gloo processes."""
+    base, n, top = recipe(size), size.pick(8, 256), gpus
     dp_steps = dict(steps=size.pick(6, 150), timing_warmup=size.pick(2, 30), time_parts=True)
 
-    def dp(gpus: int, per_gpu: int = n, **kw) -> TrainConfig:  # its one process gets the batch of every GPU
-        return base.replace(parallel="dp", batch_size=per_gpu * gpus, **{**dp_steps, **kw})
+    def dp(k: int, per_gpu: int = n, **kw) -> TrainConfig:  # its one process gets the batch of every GPU
+        return base.replace(parallel="dp", batch_size=per_gpu * k, **{**dp_steps, **kw})
 
     ddp, big = base.replace(parallel="ddp"), size.pick(16, 1024)
     trace = dict(TRACED, profile_wait=size.pick(2, 150), profile_active=size.pick(2, 3))
     if size.small:  # one case of each kind the tables read (a traced case: the probe study's small mode)
         return [Case("one_eager", base, 1, "1 GPU, eager"), Case("dp_2", dp(2), 2, "DataParallel, 2 GPUs"),
                 Case("ddp_eager_2", ddp, 2, "DDP eager, 2 GPUs")]
-    fast = graphed(base, size)
+    fast, counts = graphed(base, size), [k for k in (2, 4) if k <= top]
     knob = dict(steps=200, timing_warmup=40)
-    return [  # estimates: start-up about 12 s, a cold compile about 20 s, then the timed steps (H100)
-        Case("one_eager", base, 1, "1 GPU, eager", estimate_s=20),
-        Case("one_graph", fast, 1, "1 GPU, the whole step as one CUDA graph", estimate_s=40),
-        Case("dp_2", dp(2), 2, "DataParallel, 2 GPUs", estimate_s=25),
-        Case("dp_4", dp(4), 4, "DataParallel, 4 GPUs", estimate_s=30),
-        # cuDNN times its algorithms again in every step here (about 1.5 s per step on 4 GPUs): few steps suffice
-        Case("dp_4_cudnn", dp(4, cudnn_benchmark="force", steps=16, timing_warmup=4, time_parts=False), 4,
-             "DataParallel, 4 GPUs, cudnn_benchmark=force", estimate_s=40),
-        Case("ddp_eager_2", ddp, 2, "DDP eager, 2 GPUs", estimate_s=20),
-        Case("ddp_eager_4", ddp, 4, "DDP eager, 4 GPUs", estimate_s=25),
-        Case("ddp_graph_2", graphed(ddp, size), 2, "DDP, the whole step as one CUDA graph, 2 GPUs", estimate_s=25),
-        Case("ddp_graph_4", graphed(ddp, size), 4, "DDP, the whole step as one CUDA graph, 4 GPUs", estimate_s=25),
-        Case("one_eager_b1024", base.replace(batch_size=big, steps=100, timing_warmup=20), 1,
-             "1 GPU, eager, batch 1024", estimate_s=20),
-        Case("dp_4_b1024", dp(4, big, steps=40, timing_warmup=10), 4, "DataParallel, 4 GPUs, batch 1024 per GPU",
-             estimate_s=25),
-        Case("ddp_eager_4_traced", ddp.replace(**trace), 4, "DDP eager, 4 GPUs, every rank traced", estimate_s=25),
-        Case("knob_accum", ddp.replace(grad_accum_steps=4, **knob), 2, "grad_accum_steps=4", estimate_s=20),
-        Case("knob_bucket", ddp.replace(ddp_bucket_cap_mb=1, **knob), 2, "ddp_bucket_cap_mb=1", estimate_s=20),
-        Case("knob_syncbn", ddp.replace(sync_batchnorm=True, **knob), 2, "sync_batchnorm=true", estimate_s=20),
-    ]
+    # estimates: start-up about 12 s, a cold compile about 20 s, then the timed steps (H100)
+    out = [Case("one_eager", base, 1, "1 GPU, eager", estimate_s=20),
+           Case("one_graph", fast, 1, "1 GPU, the whole step as one CUDA graph", estimate_s=40)]
+    out += [Case(f"dp_{k}", dp(k), k, f"DataParallel, {k} GPUs", estimate_s=15 + 5 * k) for k in counts]
+    if counts:  # cuDNN times its algorithms again in every step here (about 1.5 s per step on 4 GPUs): few steps
+        out.append(Case(f"dp_{top}_cudnn", dp(top, cudnn_benchmark="force", steps=16, timing_warmup=4,
+                                              time_parts=False), top, f"DataParallel, {top} GPUs, cudnn_benchmark=force",
+                        estimate_s=40))
+    out += [Case(f"ddp_eager_{k}", ddp, k, f"DDP eager, {k} GPUs", estimate_s=20 + 2 * k) for k in counts]
+    out += [Case(f"ddp_graph_{k}", graphed(ddp, size), k, f"DDP, the whole step as one CUDA graph, {k} GPUs",
+                 estimate_s=25) for k in counts]
+    out.append(Case("one_eager_b1024", base.replace(batch_size=big, steps=100, timing_warmup=20), 1,
+                    "1 GPU, eager, batch 1024", estimate_s=20))
+    if counts:
+        out += [Case(f"dp_{top}_b1024", dp(top, big, steps=40, timing_warmup=10), top,
+                     f"DataParallel, {top} GPUs, batch 1024 per GPU", estimate_s=25),
+                Case(f"ddp_eager_{top}_traced", ddp.replace(**trace), top, f"DDP eager, {top} GPUs, every rank traced",
+                     estimate_s=25),
+                Case("knob_accum", ddp.replace(grad_accum_steps=4, **knob), 2, "grad_accum_steps=4", estimate_s=20),
+                Case("knob_bucket", ddp.replace(ddp_bucket_cap_mb=1, **knob), 2, "ddp_bucket_cap_mb=1", estimate_s=20),
+                Case("knob_syncbn", ddp.replace(sync_batchnorm=True, **knob), 2, "sync_batchnorm=true", estimate_s=20)]
+    return out
 
 
-def study(size, out: Path) -> dict[str, dict]:
-    """`python -m tutorial_lib study dpddp`: every case, then cases.json and dp_vs_ddp.md in `out`."""
+def study(size, out: Path, select: Selection | None = None) -> dict[str, dict]:
+    """`python -m tutorial_lib study dpddp`: every case (or those `select` names), then cases.json and
+    dp_vs_ddp.md in `out`."""
     import torch
 
-    runner = Runner(out, size.pick(1800, BUDGET_S), 0 if size.small else torch.cuda.device_count())
-    for case in cases(size):
+    here = 0 if size.small else torch.cuda.device_count()
+    gpus = size.pick(2, node_gpus(here))
+    plan = cases(size, gpus)
+    if select:
+        select.check([c.name for c in plan])
+    runner = Runner(out, size.pick(1800, BUDGET_S), here, select)
+    for case in plan:
         rec = runner.run(case)
-        if rec.get("result") and rec["result"]["config"].get("profile"):
+        if rec.get("result") and rec["result"]["config"].get("profile") and "trace" not in rec:
             rec["trace"] = trace_figures(Path(runner.runs) / case.name)
     runner.save()
-    figures = {"recipe": " ".join(recipe(size).to_overrides()), "batch_per_gpu": size.pick(8, 256),
+    figures = {"recipe": " ".join(recipe(size).to_overrides()), "batch_per_gpu": size.pick(8, 256), "gpus": gpus,
                "budget_s": runner.budget_s, "cases": runner.records}
     (Path(out) / "dp_vs_ddp.md").write_text(table(figures) + "\n\n" + knob_table(figures) + "\n")
     return {"05_dp_vs_ddp": figures}
@@ -122,27 +136,36 @@ def summary_rows(folder: str | Path) -> list[dict]:
 
 
 def missing(study_name: str = "dpddp") -> str:
-    return (f"(no reference run recorded yet: on a 4-GPU node `python -m tutorial_lib study {study_name} --reference` "
-            "writes it)")
+    return (f"(no reference run recorded yet: on a node with 2 or 4 GPUs `python -m tutorial_lib study {study_name} "
+            "--reference` writes it)")
 
 
 # ---------------------------------------------------------------------------------------- reading the record
-def spread(result: dict) -> float:
-    """Half the p10-p90 range of a run's step times, relative to its median: how far its img/s may wander."""
-    s = result["step_time_ms"]
-    return (s["p90"] - s["p10"]) / (2 * s["median"]) if s.get("median") else 0.0
+def record_gpus(record: dict) -> int:
+    """The GPUs the record's cases were sized to (older records: the GPUs of the node that wrote it)."""
+    return record["figures"].get("gpus") or record["gpus"]
 
 
-def relation(ratio: float, noise: float, than: str) -> str:
-    """'slower than X' / 'faster than X' / 'within noise of X' for a ratio of img/s and its noise."""
-    if ratio < 1 - noise:
-        return f"slower than {than}"
-    return f"faster than {than}" if ratio > 1 + noise else f"within noise of {than}"
+def in_group(name: str, group: str) -> bool:
+    return re.fullmatch(GROUPS[group], name) is not None
+
+
+def not_recorded(figures: dict, group: str, node_gpus: int | None = None) -> list[str]:
+    """'<what>: not recorded (<why>)' for every case of `group` that the record lacks a figure of: each cell of
+    notebook 05 names its own, so every missing case is named once."""
+    return [f"{rec['about']}: not recorded ({why_missing(rec, node_gpus)})" for name, rec in figures["cases"].items()
+            if in_group(name, group) and not rec.get("result")]
+
+
+def versus(a: dict, b: dict, than: str) -> tuple[float, str]:
+    """a's img/s over b's, and the verdict of their bands (tl.scaling.band): slower, faster or within noise."""
+    words = {"<": "slower than", ">": "faster than", "≈": "within noise of"}
+    return a["throughput_img_s"] / b["throughput_img_s"], f"{words[scaling.judge(scaling.band(a), scaling.band(b))]} {than}"
 
 
 def comparison(figures: dict, name: str) -> dict | None:
-    """A multi-GPU case against the same recipe on one GPU (tl.scaling.best_baseline + efficiency), or None
-    when it did not run or no single-GPU case holds its recipe."""
+    """A multi-GPU case against the same recipe on one GPU (tl.scaling.best_baseline + efficiency, judged by
+    tl.scaling.scaling_verdict), or None when it did not run or no single-GPU case holds its recipe."""
     rec = figures["cases"].get(name, {})
     run = rec.get("result")
     if not run or run.get("throughput_img_s") is None:
@@ -156,10 +179,11 @@ def comparison(figures: dict, name: str) -> dict | None:
         return None
     p = scaling.efficiency(run, base, "weak", gpus)
     base_name = next(k for k, v in singles.items() if v is base)
+    v = scaling.scaling_verdict(run, base, p.gpus)
     return {"case": name, "about": rec["about"], "gpus": p.gpus, "batch_per_gpu": p.batch_per_gpu,
             "img_s": p.img_s, "baseline": figures["cases"][base_name]["about"],
             "baseline_img_s": base["throughput_img_s"], "speedup": p.speedup, "efficiency": p.efficiency,
-            "verdict": relation(p.speedup, max(spread(run), spread(base)), "one GPU")}
+            "efficiency_band": v["efficiency_band"], "verdict": v["verdict"]}
 
 
 def rows(figures: dict, parallel: str | None = None) -> list[dict]:
@@ -178,19 +202,16 @@ def rows(figures: dict, parallel: str | None = None) -> list[dict]:
 
 
 def table(figures: dict, parallel: str | None = None) -> str:
-    """The comparison as a Markdown table: img/s, the same recipe on one GPU beside it, speedup, efficiency."""
-    lines = ["| run | GPUs | batch per GPU | img/s | the same on 1 GPU, img/s | speedup | efficiency | verdict |",
+    """The comparison as a Markdown table: img/s, the same recipe on one GPU beside it, speedup, efficiency with
+    the band the runs' step times allow, and the verdict of the noise rule."""
+    lines = ["| run | GPUs | batch per GPU | img/s | the same on 1 GPU, img/s | speedup | efficiency (band) | verdict |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows(figures, parallel):
+        lo, hi = r["efficiency_band"]
         lines.append(f"| {r['about']} | {r['gpus']} | {r['batch_per_gpu']} | {r['img_s']:,.0f} | "
-                     f"{r['baseline_img_s']:,.0f} ({r['baseline']}) | {r['speedup']:.2f}x | {r['efficiency']:.2f} | "
-                     f"{r['verdict']} |")
+                     f"{r['baseline_img_s']:,.0f} ({r['baseline']}) | {r['speedup']:.2f}x | {r['efficiency']:.2f} "
+                     f"({lo:.2f}-{hi:.2f}) | {r['verdict']} |")
     return "\n".join(lines)
-
-
-def skipped(figures: dict) -> list[str]:
-    """'<what>: <why>' for every case that did not give a figure."""
-    return [f"{rec['about']}: {rec['status']}" for rec in figures["cases"].values() if not rec.get("result")]
 
 
 def phases(figures: dict, name: str) -> dict | None:
@@ -205,13 +226,20 @@ def phases(figures: dict, name: str) -> dict | None:
     return {"phases_ms": named, "step_ms": step, "covered": sum(named.values()) / step}
 
 
+def dp_names(figures: dict) -> list[str]:
+    """The DataParallel cases at batch 256 per GPU that the record holds a figure of, by GPUs."""
+    return [k for k, rec in figures["cases"].items() if in_group(k, "dp") and rec.get("result")]
+
+
 def per_step_overhead(figures: dict) -> list[dict]:
-    """DataParallel's step against one GPU's at the same batch per GPU: what it adds per step, at 256 and 1024."""
-    out = []
-    for dp, one in (("dp_4", "one_eager"), ("dp_4_b1024", "one_eager_b1024")):
-        a, b = (figures["cases"].get(k, {}).get("result") for k in (dp, one))
-        if a and b:
-            out.append({"batch_per_gpu": b["global_batch"], "dp_step_ms": a["step_time_ms"]["median"],
+    """Each recorded DataParallel step against one GPU's at the same batch per GPU: what it adds per step, at
+    256 and at 1024 per GPU."""
+    out, cases = [], figures["cases"]
+    for name, rec in cases.items():
+        one = "one_eager_b1024" if name.endswith("_b1024") else "one_eager"
+        a, b = rec.get("result"), cases.get(one, {}).get("result")
+        if (in_group(name, "dp") or in_group(name, "overhead") and name.startswith("dp_")) and a and b:
+            out.append({"gpus": rec["gpus"], "batch_per_gpu": b["global_batch"], "dp_step_ms": a["step_time_ms"]["median"],
                         "one_gpu_step_ms": b["step_time_ms"]["median"],
                         "extra_ms": a["step_time_ms"]["median"] - b["step_time_ms"]["median"]})
     return out
@@ -219,25 +247,26 @@ def per_step_overhead(figures: dict) -> list[dict]:
 
 def trap(figures: dict) -> dict | None:
     """DataParallel with cudnn_benchmark=force against the same run with the engine's setting (off under it)."""
-    plain, forced = (figures["cases"].get(k, {}).get("result") for k in ("dp_4", "dp_4_cudnn"))
-    if not (plain and forced):
-        return None
-    ratio = forced["throughput_img_s"] / plain["throughput_img_s"]
-    return {"plain_img_s": plain["throughput_img_s"], "forced_img_s": forced["throughput_img_s"],
-            "forced_step_ms": forced["step_time_ms"]["median"], "ratio": ratio,
-            "verdict": relation(ratio, max(spread(plain), spread(forced)), "the engine's setting")}
+    for name, rec in figures["cases"].items():
+        forced = rec.get("result")
+        plain = figures["cases"].get(name.removesuffix("_cudnn"), {}).get("result")
+        if in_group(name, "trap") and forced and plain:
+            ratio, verdict = versus(forced, plain, "the engine's setting")
+            return {"gpus": rec["gpus"], "plain_img_s": plain["throughput_img_s"], "ratio": ratio, "verdict": verdict,
+                    "forced_img_s": forced["throughput_img_s"], "forced_step_ms": forced["step_time_ms"]["median"]}
+    return None
 
 
 def knob_rows(figures: dict) -> list[dict]:
-    """Each knob case against DDP eager with the defaults on as many GPUs, with the noise of both."""
+    """Each knob case against DDP eager with the defaults on as many GPUs, judged by the noise rule."""
     base = figures["cases"].get("ddp_eager_2", {}).get("result")
     out = []
     for name, rec in figures["cases"].items():
         r = rec.get("result")
         if name.startswith("knob_") and r and base:
-            ratio = r["throughput_img_s"] / base["throughput_img_s"]
+            ratio, verdict = versus(r, base, "the defaults")
             out.append({"knob": rec["about"], "img_s": r["throughput_img_s"], "defaults_img_s": base["throughput_img_s"],
-                        "ratio": ratio, "verdict": relation(ratio, max(spread(r), spread(base)), "the defaults")})
+                        "ratio": ratio, "verdict": verdict})
     return out
 
 

@@ -256,15 +256,74 @@ def images_to_target(result, target: float) -> int | None:
     return None
 
 
-def race_target(history: list, after_s: float, resolution: float) -> float | None:
-    """A target one GPU can't reach early: `resolution` above the best validation accuracy the one-GPU run
-    (its val_history: step, seconds, accuracy) had in its first `after_s` training seconds; None when the run
-    never got that high later."""
+def race_target(history: list, after_s: float, val_size: int, window: int = 5, margin_se: float = 4.0) -> dict:
+    """A target for the time-to-accuracy race, from the one-GPU run's val_history (step, seconds, accuracy) on
+    `val_size` validation images: one image above the best it had in its first `after_s` training seconds (so
+    one GPU needs longer), accepted only when the run later climbed, on its curve smoothed over `window`
+    validations, at least `margin_se` standard errors of a validation (sqrt(p(1-p)/val_size)) above it: then
+    the target lies well below what the set allows and a run's time to it is decided by its curve, not by one
+    image. Returns {"target", "rule"} or, when no accuracy meets the rule, {"target": None, "why"}: never a
+    fallback."""
     early = [acc for _, seconds, acc in history if seconds <= after_s]
-    if not early:
-        return None
-    target = round(max(early) + resolution, 4)
-    return target if any(acc >= target for _, seconds, acc in history if seconds > after_s) else None
+    if not early or len(early) == len(history):
+        return {"target": None, "why": f"the one-GPU run has no validation {'before' if not early else 'after'} "
+                                       f"its first {after_s:g} training seconds: train it longer"}
+    one = 1 / val_size
+    target = round(max(early) + one, 6)
+    accs = [acc for *_, acc in history]
+    k = min(window, len(accs))
+    best = max(sum(accs[i:i + k]) / k for i in range(len(accs) - k + 1))
+    margin = margin_se * math.sqrt(max(target * (1 - target), 0.0) / val_size)
+    words = (f"one image above the best validation of the one-GPU run's first {after_s:g} training seconds "
+             f"({max(early):.2%} of {val_size:,} images), at least {margin_se:g} standard errors below the best it "
+             f"reached later (smoothed over {k} validations: {best:.2%})")
+    if target > 1 or best < target + max(margin, one):
+        wrong = round(val_size * (1 - max(early)))
+        return {"target": None, "best_early": max(early), "best_smoothed": best,
+                "why": f"the one-GPU run reached {max(early):.2%} ({wrong:,} wrong of {val_size:,}) within its "
+                       f"first {after_s:g} training seconds and at best {best:.2%} later (smoothed over {k} "
+                       f"validations), and a target must lie one image above the first and "
+                       f"{max(margin, one) * val_size:.0f} image(s) below the second: the set is learned too soon "
+                       f"for a race of this length (a harder set, or a longer race)"}
+    return {"target": target, "rule": words, "best_early": max(early), "best_smoothed": best}
+
+
+# ---------------------------------------------------------------------------------------- noise
+NOISE_FLOOR = 0.05  # the workbook's noise rule (bands from the p10/p90 steps, never narrower than +-5%)
+
+
+def band(result, times: float = 1.0) -> tuple[float, float]:
+    """A run's img/s (x `times`: N x one GPU is the ideal) as the band its steps allow: from its p90 step to its
+    p10 step relative to the median, at least +-NOISE_FLOOR. Two figures differ only when their bands do not
+    overlap. (The rule of lessons/noise.py, where it lands: this function then calls noise.step_band.)"""
+    r = as_dict(result)
+    value, s = r["throughput_img_s"] * times, r["step_time_ms"]
+    low = value * s["median"] / s["p90"] if s.get("p90") else value
+    high = value * s["median"] / s["p10"] if s.get("p10") else value
+    return min(low, value * (1 - NOISE_FLOOR)), max(high, value * (1 + NOISE_FLOOR))
+
+
+def judge(a: tuple[float, float], b: tuple[float, float]) -> str:
+    """'<', '≈' or '>': band a below, overlapping, or above band b."""
+    return "<" if a[1] < b[0] else ">" if a[0] > b[1] else "≈"
+
+
+def scaling_verdict(run, baseline, gpus: int) -> dict:
+    """A multi-GPU run against N x its one-GPU baseline (the ideal) and against one GPU, each by the noise rule:
+    the efficiency with its band (the run's band over the ideal's) and a verdict in words. An efficiency above 1
+    within the spread is noise, never superlinear scaling."""
+    run_band, one, ideal = band(run), band(baseline), band(baseline, gpus)
+    eff = (run_band[0] / ideal[1], run_band[1] / ideal[0])
+    vs_ideal, vs_one = judge(run_band, ideal), judge(run_band, one)
+    if vs_one == "<":
+        words = "slower than one GPU"
+    elif vs_ideal == "≈":
+        words = f"within noise of {gpus} x one GPU (the ideal)"
+    elif vs_ideal == ">":
+        words = f"above {gpus} x one GPU beyond the spread: a baseline slower than usual? measure both again"
+    else:
+        words = f"faster than one GPU, below {gpus} x one GPU" if vs_one == ">" else "within noise of one GPU"
+    return {"efficiency_band": eff, "vs_ideal": vs_ideal, "vs_one": vs_one, "verdict": words}
 
 
 # ---------------------------------------------------------------------------------------- Slurm jobs

@@ -1,21 +1,25 @@
 """Notebook 06's GPU study: scaling the recipe of configs/optimized.yaml over the GPUs of one node, measured.
 
-    python -m tutorial_lib study scaling --reference     # a 4-GPU node: about 7 minutes
+    python -m tutorial_lib study scaling --reference     # a node with 2 or 4 GPUs: about 7 minutes
+    python -m tutorial_lib study scaling --reference --only traced_2,race_1   # cases missing from its record
     python -m tutorial_lib study scaling --small         # the same code with tiny sizes on a CPU (2 gloo ranks)
 
 Every run is the workbook's command line, one at a time with the node to itself (lessons/cases.py), in the
 recipe of configs/optimized.yaml (bf16, channels_last, the dataset on the GPU, the whole step compiled and
-recorded as one CUDA graph, gradient all-reduce inside). Stages, the figures written after each:
-  1. weak scaling at batch 1024 per GPU: notebook 03's bench (IO / SYNTHETIC / FULL) on 1, 2 and 4 GPUs;
-  2. notebook 01's baseline (configs/baseline.yaml) on one GPU: the recipe's gain, for the headline;
-  3. the race to a target accuracy on shapes_hard at batch 256 per GPU: one GPU trains about RACE_S seconds'
-     worth of images on a cosine schedule; the target is set from that run (race_target: above anything it
-     reached in its first AFTER_S seconds); then 4 GPUs with the sqrt and the linear rule, over the same
-     images and validated after the same images, stop at the target;
-  4. strong scaling at a global batch of 1024 (256 per GPU);
-  5. what the all-reduce costs: the 4-GPU weak point traced on every rank (tl.scaling.comm_share);
-  6. the race's last points: no scaling of the rate, and 1024 per GPU (a global batch of 4096).
-Speedup and efficiency come from tl.scaling.efficiency only, against the same recipe on one GPU.
+recorded as one CUDA graph, gradient all-reduce inside), sized to the node (N = 1, 2 or 4 GPUs: the most of
+those it has). Stages, most needed first (a budget that runs out skips the last), the figures written after each:
+  1. weak scaling at batch 1024 per GPU: notebook 03's bench (IO / SYNTHETIC / FULL) on 1, 2 (and 4) GPUs;
+  2. what the all-reduce costs: the N-GPU weak point traced on every rank (tl.scaling.comm_share);
+  3. notebook 01's baseline (configs/baseline.yaml) on one GPU: the recipe's gain, for the headline;
+  4. strong scaling at a global batch of 1024 (1024 / N per GPU);
+  5. the race to a target accuracy on RACE_DATASET at batch 256 per GPU: one GPU trains about RACE_S seconds'
+     worth of images on a cosine schedule; the target comes from that run (tl.scaling.race_target: out of its
+     reach in its first AFTER_S seconds and well below the best it reaches later; when no accuracy meets the
+     rule the record says why and the race stops there); then N GPUs with the sqrt and the linear rule, over
+     the same images and validated after the same images, stop at the target;
+  6. the race's last points: no scaling of the rate, and 1024 per GPU (a global batch of N x 1024).
+Speedup and efficiency come from tl.scaling.efficiency only, against the same recipe on one GPU, judged by the
+noise rule (tl.scaling.scaling_verdict).
 """
 from __future__ import annotations
 
@@ -23,13 +27,17 @@ import json
 from pathlib import Path
 
 from . import scaling
-from .cases import Case, Runner
+from .cases import Case, Runner, Selection, node_gpus, why_missing
 from ..config import ROOT, UserError, load
 
-BUDGET_S = 440
+BUDGET_S = 440  # one device call runs 600 s at most: start-up, and the last case's overrun, fit in the rest
 RACE_S, AFTER_S = 85.0, 60.0  # one GPU trains about RACE_S seconds; the target is out of its reach before AFTER_S
 B256_OVER_B1024 = 0.75  # one GPU's img/s at batch 256 over 1024 in this recipe (notebook 04's ladder): sizes the race
 BASE_LR, WARMUP_IMAGES = 2e-3, 100_000
+# shapes_hard is learned to 99.5% in about 0.5 million images (7 s of one H200): no target well below its ceiling
+# stays out of reach for a minute. shapes_faint draws the shapes' contrast from a continuum down to almost nothing,
+# so accuracy keeps rising as the network learns fainter shapes (calibrate it: the race's one-GPU run)
+RACE_DATASET = "shapes_faint"
 
 
 def recipe(size):
@@ -44,20 +52,33 @@ def recipe(size):
 
 
 def race_recipe(size):
-    return recipe(size).replace(dataset="shapes_hard", train_size=size.pick(512, None), val_size=size.pick(64, 5000),
+    return recipe(size).replace(dataset=RACE_DATASET, train_size=size.pick(512, None), val_size=size.pick(64, 5000),
                                 batch_size=size.pick(8, 256), lr=BASE_LR, lr_schedule="cosine",
                                 timing_warmup=size.pick(2, 10))
 
 
-def study(size, out: Path) -> dict[str, dict]:
-    """`python -m tutorial_lib study scaling`: the stages in order, the record rewritten after each."""
+def case_names(size, gpus: int) -> list[str]:
+    """Every case of the study on a node of `gpus` GPUs (1, 2 or 4), in the order the stages run them."""
+    n, counts = gpus, [k for k in (1, 2, 4) if k <= gpus]
+    names = [f"weak_{k}" for k in counts] + ([f"traced_{n}"] if n > 1 else []) + ["baseline"]
+    names += ([f"strong_{n}"] if n > 1 and not size.small else []) + ["race_1"]
+    points = RACE_POINTS[:1] if size.small else RACE_POINTS + MORE_POINTS
+    return names + ([f"race_{n}_{k * race_recipe(size).batch_size}_{rule}" for rule, k in points] if n > 1 else [])
+
+
+def study(size, out: Path, select: Selection | None = None) -> dict[str, dict]:
+    """`python -m tutorial_lib study scaling`: the stages in order (or the cases `select` names, the others kept
+    from the existing record), the record rewritten after each."""
     import torch
 
-    gpus = size.pick(2, min(4, torch.cuda.device_count()))
-    runner = Runner(out, size.pick(1800, BUDGET_S), 0 if size.small else torch.cuda.device_count())
+    here = 0 if size.small else torch.cuda.device_count()
+    gpus = size.pick(2, node_gpus(here))
+    if select:
+        select.check(case_names(size, gpus))
+    runner = Runner(out, size.pick(1800, BUDGET_S), here, select)
     fig = {"recipe": " ".join(recipe(size).to_overrides()), "gpus": gpus, "counts": [n for n in (1, 2, 4) if n <= gpus],
            "batch_per_gpu": recipe(size).batch_size, "runs": runner.records}
-    for stage in (weak_stage, baseline_stage, race_stage, strong_stage, comm_stage, more_race_stage):
+    for stage in (weak_stage, comm_stage, baseline_stage, strong_stage, race_stage, more_race_stage):
         stage(size, runner, fig)
         runner.save()
         (Path(out) / "06_scaling.partial.json").write_text(json.dumps(fig, indent=1) + "\n")
@@ -75,12 +96,38 @@ def weak_stage(size, runner: Runner, fig: dict) -> None:
                          command="bench", args=bench))
 
 
+def comm_stage(size, runner: Runner, fig: dict) -> None:
+    """The N-GPU weak point traced on every rank: what the all-reduce costs (second: always recorded)."""
+    n = fig["gpus"]
+    if n < 2:
+        return
+    cfg = recipe(size)
+    cfg = cfg.replace(**scaling.traced(cfg, wait=40))
+    rec = runner.run(_case(f"traced_{n}", cfg, n, f"weak scaling, {n} GPUs, every rank traced", size.pick(60, 35)))
+    if rec.get("result") and "comm" not in rec:
+        rec["comm"] = scaling.comm_share(Path(runner.runs) / rec["case"])
+    if "comm" in rec:
+        fig["comm"] = rec["comm"]
+
+
 def baseline_stage(size, runner: Runner, fig: dict) -> None:
     cfg = load(ROOT / "configs" / "baseline.yaml").replace(
         steps=size.pick(6, 200), timing_warmup=size.pick(2, 30), eval=False, tensorboard=False,
         log_every=size.pick(3, 100), train_size=size.pick(256, None), num_workers=size.pick(0, "auto"),
         **({"model": "resnet18_imagenet", "device": "cpu", "batch_size": 8} if size.small else {}))
     runner.run(_case("baseline", cfg, 1, "notebook 01's baseline, 1 GPU", size.pick(60, 30)))
+
+
+def strong_stage(size, runner: Runner, fig: dict) -> None:
+    if size.small or fig["gpus"] < 2:  # small: the weak stage's runs with another batch: nothing new on a CPU
+        return
+    cfg = recipe(size)
+    for n, c in scaling.strong_sweep(cfg, cfg.batch_size, fig["counts"][-1:]):  # 1 GPU: the weak stage's
+        runner.run(_case(f"strong_{n}", c, n, f"strong scaling, {n} GPUs, {c.batch_size} per GPU", size.pick(60, 40)))
+
+
+RACE_POINTS = [("sqrt", 1), ("linear", 1)]  # (rule, batch per GPU in units of the race's 256)
+MORE_POINTS = [("none", 1), ("sqrt", 4)]  # the last rule, and a 4x larger batch per GPU (the critical batch)
 
 
 def race_stage(size, runner: Runner, fig: dict) -> None:
@@ -92,68 +139,52 @@ def race_stage(size, runner: Runner, fig: dict) -> None:
     elif one_img_s:
         steps = round(RACE_S * B256_OVER_B1024 * one_img_s / base.batch_size)
     else:
-        fig["race"] = {"skipped": "no one-GPU throughput to size the race with (the weak stage did not run)"}
+        fig["race"] = {"target": None, "why": "no one-GPU throughput to size the race with (the weak stage did not run)"}
         return
     images, every = steps * base.batch_size, max(1, steps // size.pick(6, 50))
     race = fig["race"] = {"images": images, "eval_every_images": every * base.batch_size, "base_lr": BASE_LR,
                           "warmup_images": size.pick(32, WARMUP_IMAGES), "after_s": size.pick(0.5, AFTER_S),
-                          "batch_per_gpu": base.batch_size, "dataset": base.dataset}
+                          "batch_per_gpu": base.batch_size, "dataset": base.dataset, "val_size": base.val_size}
     one = scaling.lr_recipe(base, 1, base.batch_size, "none", race["warmup_images"]).replace(
         steps=steps, eval_every=every)
     rec = runner.run(_case("race_1", one, 1, "1 GPU", size.pick(60, RACE_S + 45)))
-    if not rec.get("result"):
-        return
-    history, after = rec["result"]["val_history"], race["after_s"]
+    history = (rec.get("result") or {}).get("val_history")
     if not history:
-        race["skipped"] = "the one-GPU run recorded no validation"
-        return
-    target = scaling.race_target(history, after, 1 / one.val_size)  # one image more
-    race["target_rule"] = f"one image above the best validation of the one-GPU run's first {after:g} training seconds"
-    if target is None:  # the run never beat its first minute: the best it reached is the target
-        target = max(acc for *_, acc in history)
-        race["target_rule"] = (f"the best validation of the one-GPU run (it never beat its first {after:g} training "
-                               "seconds later)")
-    race["target"] = target
-    race_points(size, runner, fig, [("sqrt", base.batch_size), ("linear", base.batch_size)])
+        race.update(target=None, why="the one-GPU run " + ("recorded no validation" if rec.get("result") else
+                                                           f"did not run ({why_missing(rec)})"))
+    elif size.small:  # tiny runs hover at chance: the race's code path, not a race
+        race.update(target=min(acc for *_, acc in history), rule="small mode: the lowest validation of the "
+                    "one-GPU run (the code path only)")
+    else:
+        race.update(scaling.race_target(history, race["after_s"], base.val_size))
+    race_points(size, runner, fig, RACE_POINTS)
 
 
 def race_points(size, runner: Runner, fig: dict, points: list) -> None:
-    """The race on every GPU, each (rule, batch per GPU) over the one-GPU run's images, validated after the same
-    images, stopped at the target."""
+    """The race on every GPU, each (rule, batch per GPU in units of the race's) over the one-GPU run's images,
+    validated after the same images, stopped at the target; without a target each says so."""
     race, base, n = fig.get("race", {}), race_recipe(size), fig["gpus"]
-    if "target" not in race:
+    if n < 2 or "images" not in race:
         return
     steps, every = race["images"] // base.batch_size, race["eval_every_images"] // base.batch_size
-    for rule, per_gpu in points[:1] if size.small else points:  # small: the code path once
+    for rule, k in points[:1] if size.small else points:  # small: the code path once
+        per_gpu = k * base.batch_size
         cfg = scaling.lr_recipe(base.replace(batch_size=per_gpu), n, base.batch_size, rule, race["warmup_images"])
-        k = n * per_gpu // base.batch_size  # times the one-GPU run's images per step
-        cfg = cfg.replace(steps=max(1, steps // k), eval_every=max(1, every // k), target_accuracy=race["target"])
-        about = f"{n} GPUs, {per_gpu} per GPU, lr rule {rule}"
-        runner.run(_case(f"race_{n}_{per_gpu}_{rule}", cfg, n, about, size.pick(60, RACE_S * 1.2 / k + 35)))
+        m = n * k  # times the one-GPU run's images per step
+        cfg = cfg.replace(steps=max(1, steps // m), eval_every=max(1, every // m), target_accuracy=race["target"])
+        case = _case(f"race_{n}_{per_gpu}_{rule}", cfg, n, f"{n} GPUs, {per_gpu} per GPU, lr rule {rule}",
+                     size.pick(60, RACE_S * 1.2 / m + 35))
+        if race["target"] is None:
+            runner.skip(case, "the race has no target (the one-GPU run's record says why)")
+        else:
+            runner.run(case)
 
 
 def more_race_stage(size, runner: Runner, fig: dict) -> None:
     """The last rule, and a 4x larger batch per GPU (the critical batch): after the stages that matter more."""
     if size.small:  # the race's code path ran once already
         return
-    race_points(size, runner, fig, [("none", race_recipe(size).batch_size), ("sqrt", 1024)])
-
-
-def strong_stage(size, runner: Runner, fig: dict) -> None:
-    if size.small:  # the same runs as the weak stage's with another batch: nothing new to test on a CPU
-        return
-    cfg = recipe(size)
-    for n, c in scaling.strong_sweep(cfg, cfg.batch_size, fig["counts"][-1:]):  # 1 GPU: the weak stage's
-        runner.run(_case(f"strong_{n}", c, n, f"strong scaling, {n} GPUs, {c.batch_size} per GPU", size.pick(60, 40)))
-
-
-def comm_stage(size, runner: Runner, fig: dict) -> None:
-    n = fig["gpus"]
-    cfg = recipe(size)
-    cfg = cfg.replace(**scaling.traced(cfg, wait=40))
-    rec = runner.run(_case(f"traced_{n}", cfg, n, f"weak scaling, {n} GPUs, every rank traced", size.pick(60, 35)))
-    if rec.get("result"):
-        fig["comm"] = scaling.comm_share(Path(runner.runs) / rec["case"])
+    race_points(size, runner, fig, MORE_POINTS)
 
 
 # ---------------------------------------------------------------------------------------- reading the record
@@ -169,6 +200,32 @@ def points(fig: dict, kind: str) -> list:
     return [scaling.efficiency(r, one, kind) for r in runs] if one else []
 
 
+def scaling_rows(fig: dict) -> list[dict]:
+    """Every multi-GPU point (weak, strong, and the race's runs as weak points at their batch) against its
+    one-GPU run, with the efficiency's band and the noise rule's verdict (tl.scaling.scaling_verdict)."""
+    one, race_one = _result(fig, "weak_1"), _result(fig, "race_1")
+    pairs = [("weak", f"weak_{n}", one) for n in fig["counts"][1:]] + [("strong", f"strong_{fig['gpus']}", one)]
+    pairs += [(f"weak, the race's {rec['about']}", name, race_one) for name, rec in fig["runs"].items()
+              if name.startswith("race_") and name != "race_1"]
+    out = []
+    for kind, name, base in pairs:
+        run = _result(fig, name)
+        if not (run and base and run.get("throughput_img_s")):
+            continue
+        try:
+            p = scaling.efficiency(run, base, "strong" if kind == "strong" else "weak")
+        except UserError:  # another batch per GPU: not a weak point of the race's one-GPU run
+            continue
+        out.append({"kind": kind, "point": p, **scaling.scaling_verdict(run, base, p.gpus)})
+    return out
+
+
+def not_recorded(fig: dict, prefixes: tuple[str, ...], node_gpus: int | None = None) -> list[str]:
+    """'<what>: not recorded (<why>)' for the runs whose names start with `prefixes` that have no figure."""
+    return [f"{rec['about']}: not recorded ({why_missing(rec, node_gpus)})" for name, rec in fig["runs"].items()
+            if name.startswith(prefixes) and not rec.get("result")]
+
+
 def headline(fig: dict) -> dict | None:
     """Notebook 01's baseline against the weak run on every GPU, taken apart (tl.scaling.decompose)."""
     run, one, base = (_result(fig, f"weak_{fig['gpus']}"), _result(fig, "weak_1"), _result(fig, "baseline"))
@@ -178,35 +235,37 @@ def headline(fig: dict) -> dict | None:
     return {"decomposition": d, "run": run, "one": one, "baseline": base}
 
 
-def race_costs(rec: dict, target: float) -> dict:
-    """A race run's training seconds to the target and the fixed costs before it (start-up, the first step
-    with its compilation, the validation passes so far), in seconds and as a share of the wait."""
+def race_costs(rec: dict, target: float | None) -> dict:
+    """A race run's training seconds to the target, and its fixed costs (start-up, the first step with its
+    compilation, the validation passes): up to the target, as a share of the wait, and over the whole run."""
     r = rec["result"]
     history = r["val_history"]
-    k = next((i for i, (_, _, acc) in enumerate(history) if acc >= target), None)
-    if k is None:
-        return {"seconds_to_target": None, "images_to_target": None}
-    trained = history[-1][1]
-    first = r.get("compile_time_s") or 0.0
+    trained, first = history[-1][1], r.get("compile_time_s") or 0.0
+    start = max(0.0, rec["wall_s"] - r["wall_time_s"])
     per_eval = max(0.0, r["wall_time_s"] - first - trained) / len(history)
-    fixed = max(0.0, rec["wall_s"] - r["wall_time_s"]) + first + per_eval * (k + 1)
-    t = history[k][1]
+    whole = {"start_s": start, "compile_s": first, "validation_s": per_eval * len(history),
+             "whole_fixed_share": (start + first + per_eval * len(history)) / rec["wall_s"]}
+    k = next((i for i, (_, _, acc) in enumerate(history) if target is not None and acc >= target), None)
+    if k is None:
+        return {"seconds_to_target": None, "images_to_target": None, **whole}
+    fixed, t = start + first + per_eval * (k + 1), history[k][1]
     return {"seconds_to_target": t, "images_to_target": scaling.images_to_target(r, target), "fixed_s": fixed,
-            "wait_s": fixed + t, "fixed_share": fixed / (fixed + t)}
+            "wait_s": fixed + t, "fixed_share": fixed / (fixed + t), **whole}
 
 
 def race_rows(fig: dict) -> list[dict]:
-    """Every race run that ran: its configuration, img/s, time and images to the target, fixed costs, and
-    how many times sooner than one GPU (training seconds, and the whole wait)."""
+    """Every race run that ran: its configuration, img/s, best validation (and how many images it got wrong
+    there), time and images to the target, fixed costs, and how many times sooner than one GPU."""
     race = fig.get("race", {})
-    if "target" not in race:
-        return []
     out = []
     for name, rec in fig["runs"].items():
-        if name.startswith("race_") and rec.get("result"):
+        if name.startswith("race_") and rec.get("result") and rec["result"].get("val_history"):
             r = rec["result"]
+            best = max(acc for *_, acc in r["val_history"])
             out.append({"case": name, "about": rec["about"], "gpus": r["world_size"], "global_batch": r["global_batch"],
-                        "lr": r["config"]["lr"], "img_s": r["throughput_img_s"], **race_costs(rec, race["target"])})
+                        "lr": r["config"]["lr"], "img_s": r["throughput_img_s"], "best": best,
+                        "wrong_at_best": round((1 - best) * r["config"]["val_size"]),
+                        **race_costs(rec, race.get("target"))})
     one = out[0] if out and out[0]["gpus"] == 1 else None
     for row in out:
         for key, ratio in (("seconds_to_target", "sooner"), ("wait_s", "sooner_waiting")):
@@ -215,17 +274,17 @@ def race_rows(fig: dict) -> list[dict]:
     return out
 
 
-def weak_b256(fig: dict) -> list[tuple[str, object]]:
-    """Weak scaling at the race's batch per GPU, from the race runs (the same recipe: only the learning rate and
-    its schedule differ, which leave the work of a step as it is): (what the run was, its Point)."""
-    one, out = _result(fig, "race_1"), []
-    for rec in fig["runs"].values():
-        r = rec.get("result")
-        if one and rec["case"].startswith("race_") and r and r["world_size"] > 1 and r["throughput_img_s"]:
-            try:
-                out.append((rec["about"], scaling.efficiency(r, one)))
-            except UserError:  # another batch per GPU: not a weak point of the race's one-GPU run
-                continue
+def race_verdict(fig: dict) -> dict:
+    """The race's record read against the target rule (tl.scaling.race_target on the one-GPU run's history, as
+    the study sets it now): the rule's verdict, the recorded target and the validation images it leaves wrong,
+    so a notebook says what a target at the set's ceiling can and can't decide."""
+    race, one = fig.get("race", {}), _result(fig, "race_1")
+    out = {"target": race.get("target"), "recorded_rule": race.get("target_rule") or race.get("rule")}
+    if one and one.get("val_history"):
+        val = one["config"]["val_size"]
+        out.update(val_size=val, rule_now=scaling.race_target(one["val_history"], race.get("after_s", AFTER_S), val))
+        if out["target"] is not None:
+            out["wrong_at_target"] = round((1 - out["target"]) * val)
     return out
 
 
@@ -243,3 +302,35 @@ def images_by_global_batch(fig: dict) -> list[dict]:
     """The race runs' images to the target by global batch and rule (a larger global batch may need more)."""
     return [{"global_batch": r["global_batch"], "about": r["about"], "images_to_target": r["images_to_target"]}
             for r in race_rows(fig)]
+
+
+def race_holds(fig: dict) -> bool:
+    """Whether the recorded race's target is the one tl.scaling.race_target sets from its one-GPU run now (a
+    target well below the set's ceiling that one GPU reaches after AFTER_S): only then do its times rank runs."""
+    check = race_verdict(fig)
+    now = (check.get("rule_now") or {}).get("target")
+    return now is not None and check["target"] is not None and abs(now - check["target"]) < 1e-9
+
+
+def race_lines(fig: dict) -> list[str]:
+    """What the recorded race can and can't say, in sentences computed from it: the target against the rule,
+    how many validation images separate the runs' best from it, and the fixed costs' share of each wait."""
+    check, rows = race_verdict(fig), race_rows(fig)
+    rule, target, out = check.get("rule_now") or {}, check.get("target"), []
+    if target is None:
+        out.append(f"no target: {fig.get('race', {}).get('why') or rule.get('why', 'the race did not run')}")
+    elif not race_holds(fig):
+        out.append(f"the target, {target:.2%}, leaves {check['wrong_at_target']:,} of {check['val_size']:,} validation "
+                   "images wrong: the set's ceiling, not a level the runs climb through. The study's target rule now "
+                   f"sets none: {rule.get('why', 'see the record')}.")
+        multi = sorted((r for r in rows if r["gpus"] > 1), key=lambda r: r["wrong_at_best"])
+        if multi:
+            wrong = [r["wrong_at_best"] for r in multi]
+            near = wrong[-1] - wrong[0] <= 1 and wrong[0] - check["wrong_at_target"] <= 1
+            out.append(f"on {multi[0]['gpus']} GPUs the runs got at best {' and '.join(map(str, wrong))} images wrong: "
+                       + ("within one validation image of each other and of the target, so whether a run reaches it, "
+                          "and when, is decided by a single image" if near else "apart by more than one image"))
+    for r in rows:
+        out.append(f"{r['about']}: start-up {r['start_s']:.0f} s, first step with compilation {r['compile_s']:.0f} s, "
+                   f"validations {r['validation_s']:.0f} s: {r['whole_fixed_share']:.0%} of its whole run")
+    return out

@@ -3,6 +3,7 @@
     python -m tutorial_lib study --list                 # every study, its notebook and the GPUs it wants
     python -m tutorial_lib study NAME --small           # tiny sizes on this machine (CPU: gloo, 2 processes)
     python -m tutorial_lib study NAME --reference       # full sizes on a GPU node: notebooks/reference/*.json
+    python -m tutorial_lib study NAME --reference --only CASE,...   # just those cases, merged into that record
 
 A study is a function `study(size, out) -> {reference name: figures}` in a lessons module, registered in
 STUDIES below. It measures with the workbook's own loop (engine.train / engine.launch, bench, scaling), writes
@@ -11,10 +12,14 @@ this runner writes each as a reference record: into `out` always, and into noteb
 --reference (full sizes, a CUDA GPU visible). Its sizes come from the one switch, lessons.size. The small mode is
 what `make test` runs for every study, so the code behind a notebook's GPU figures is tested; scripts/gpu/*.sh
 are the launch lines of these studies on a GPU node.
+`--only` (studies whose function takes `select`: their records keep every case) runs the cases named and keeps
+every other case's record from the existing record (notebooks/reference/ with --reference, else `out`), which
+must come from the same card, GPU count and torch: a missing case is recorded later without running the rest.
 """
 from __future__ import annotations
 
 import importlib
+import inspect
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +51,8 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           "bench at configs/optimized.yaml"),
     Study("baseline", "baseline:study", "01", 1, "the fp32 baseline step by hand and in the engine, short and long "
           "runs, beside the GPU's clock: why one configuration can read differently in 01, 02 and 04"),
-    Study("dpddp", "dpddp:study", "05", 4, "DataParallel against DDP on 1, 2 and 4 GPUs, the trap, DDP's knobs"),
+    Study("dpddp", "dpddp:study", "05", 4, "DataParallel against DDP on every GPU of the node (2 or 4), the trap, "
+          "DDP's knobs"),
     Study("scaling", "scaling_study:study", "06", 4, "weak and strong scaling, the race to a target accuracy, the "
           "all-reduce's cost, notebook 01's baseline"),
     Study("ddp_probe", "ddp_probe:study", "05", 4, "DDP at batch 256 per GPU form by form, and its gap traced by kernel class"),
@@ -66,8 +72,10 @@ def listing() -> str:
                      for s in sorted(STUDIES.values(), key=lambda s: (s.notebook, s.name)))
 
 
-def run(name: str, size: Size, out: str | Path, write_reference: bool = False) -> dict[str, Path]:
-    """Run study `name` at `size` into `out`; returns where each reference record went."""
+def run(name: str, size: Size, out: str | Path, write_reference: bool = False,
+        only: list[str] | None = None) -> dict[str, Path]:
+    """Run study `name` at `size` into `out`; returns where each reference record went. `only`: just those
+    cases, the others' records kept from the existing record (see the module's docstring)."""
     study = get(name)
     import torch  # only here: `study --list` and a bad name answer without it
 
@@ -76,13 +84,14 @@ def run(name: str, size: Size, out: str | Path, write_reference: bool = False) -
                         f"--small (now: {size.name} sizes, {size.why}; "
                         f"{'a' if torch.cuda.is_available() else 'no'} CUDA GPU visible)")
     out = Path(out)
+    kwargs = {"select": selection(study, size, out, write_reference, only)} if only else {}
     out.mkdir(parents=True, exist_ok=True)
     gpus = torch.cuda.device_count()
     card = torch.cuda.get_device_name(0) if gpus else "CPU"
     print(f"study {name} (notebook {study.notebook}): {size.name} sizes ({size.why}); torch {torch.__version__} | "
           f"{f'{gpus} x {card}' if gpus else 'no CUDA GPU'}", flush=True)
     started = time.time()
-    figures_by_name = study.function()(size, out)
+    figures_by_name = study.function()(size, out, **kwargs)
     script = f"python -m tutorial_lib study {name}"
     # the record in `out` names what ran: a GPU at full sizes as reference.write reads it, else the mode too
     mode = {} if gpus and not size.small else {"card": f"{card} ({'small mode' if size.small else 'full sizes'})",
@@ -96,3 +105,51 @@ def run(name: str, size: Size, out: str | Path, write_reference: bool = False) -
     print(f"study {name} ({size.name} sizes) done in {time.time() - started:.0f} s; "
           f"wrote {', '.join(str(p) for p in written.values()) or nothing}")
     return written
+
+
+def selection(study: Study, size: Size, out: Path, write_reference: bool, only: list[str]):
+    """The cases.Selection for `--only`: the names, and the case records of the existing record, which must have
+    been made on this machine's kind of node (card, GPU count, torch)."""
+    from .cases import Selection
+
+    if "select" not in inspect.signature(study.function()).parameters:
+        able = [s.name for s in STUDIES.values() if "select" in inspect.signature(s.function()).parameters]
+        raise UserError(f"study {study.name} does not keep its cases' records one by one, so --only can't merge "
+                        f"into it; run it whole (--only works for: {', '.join(able)})")
+    names = [n.strip() for n in ",".join(only).split(",") if n.strip()]
+    folder = reference.FOLDER if write_reference else out
+    records = [r for r in map(_record, sorted(Path(folder).glob("*.json")))
+               if r and r["script"] == f"python -m tutorial_lib study {study.name}" and _cases_of(r["figures"])]
+    if len(records) != 1:
+        raise UserError(f"--only merges into the study's existing record, but {len(records)} record(s) of study "
+                        f"{study.name} lie in {folder}: run the whole study first")
+    rec, here = records[0], _machine(size)
+    there = {k: rec.get(k) for k in here}
+    if there != here:
+        raise UserError(f"--only: the existing record was made on {there}, this machine is {here}; a record mixes "
+                        "no cards, GPU counts or torch versions: run the whole study here")
+    return Selection(frozenset(names), _cases_of(rec["figures"]))
+
+
+def _record(path: Path) -> dict | None:
+    """A reference record, or None for any other JSON file of the folder (a study's cases.json, say)."""
+    try:
+        return reference.load(path.stem, path.parent)
+    except UserError:
+        return None
+
+
+def _cases_of(figures: dict) -> dict:
+    return figures.get("cases") or figures.get("runs") or {}
+
+
+def _machine(size: Size) -> dict:
+    """The record fields that must match for a merge: card, GPU count and torch version, as `run` records them
+    on this machine at this size."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    card = torch.cuda.get_device_name(0) if gpus else "CPU"
+    if size.small or not gpus:
+        card = f"{card} ({'small mode' if size.small else 'full sizes'})"
+    return {"card": card, "gpus": gpus, "torch": torch.__version__}
