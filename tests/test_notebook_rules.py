@@ -326,7 +326,7 @@ def test_the_banner_path_of_a_server_with_fewer_gpus_than_a_cell_needs(capsys, g
                                                                        uses, banner):
     from tutorial_lib import notebook
 
-    s = notebook.Session(device, gpus, small)
+    s = notebook.Session(small=small, why="test", device=device, gpus=gpus)
     assert notebook.gpus_for(s, need, "DDP", on_cpu=on_cpu, instead="the reference run shows it") == uses
     out = capsys.readouterr().out
     if banner:
