@@ -1,31 +1,26 @@
 """TrainConfig: every knob of a training run, validated, loadable from YAML, overridable with key=value.
 
 Also the few facts every layer needs once: the workbook's root folder, the CPUs this process may use and
-the one rule for DataLoader workers, the multiprocessing start method, and every error class.
+the one rule for DataLoader workers, the multiprocessing start method. How one value is read (text, YAML) lives
+in values.py, the error classes in errors.py; both are re-exported here (`config.UserError`, `config.format_value`).
 This module never imports torch, so job rendering (`tutorial_lib.jobs`) can use it on a login node.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
+import inspect
+import multiprocessing as mp
 import os
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import yaml
 
-class UserError(ValueError):
-    """A mistake in what the user asked for. The CLI prints its one-line message and exits non-zero."""
-
-
-class ConfigError(UserError):
-    """A bad configuration value; the message names the field, the value and what is allowed."""
-
-
-class DataNotFound(UserError):
-    """A dataset that is not staged where the run looks for it; the message names the command that stages it."""
-
+from .errors import ConfigError, DataNotFound, UserError  # noqa: F401  (config.UserError, ...: their old home)
+from .values import (check_choice, check_one_line, check_positive, coerce, format_value,  # noqa: F401
+                     read_yaml, suggest)
 
 ROOT = Path(__file__).resolve().parents[1]  # the workbook checkout: notebooks/, jobs/, data/, configs/ live here
 CONFIGS_DIR = ROOT / "configs"
@@ -58,17 +53,7 @@ def default_workers(cpus: int | None = None) -> int:
 
 def mp_context():
     """The start method for worker processes: fork (fast, works from notebooks), spawn where fork is missing."""
-    import multiprocessing as mp
-
     return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-
-
-def suggest(word: str, known) -> str:
-    """' (did you mean 'x'?)' for a mistyped name, or ''."""
-    import difflib
-
-    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def check_world(parallel: str, world_size: int) -> None:
@@ -184,15 +169,15 @@ class TrainConfig:
         """Coerce every field to its type the way the command line does (eval="false" is False, lr="1e-3" is
         0.001), then check it; raises ConfigError with a one-line message."""
         for f in fields(self):
-            setattr(self, f.name, _coerce(f, getattr(self, f.name)))
+            setattr(self, f.name, coerce(f, getattr(self, f.name)))
         for name, allowed in CHOICES.items():
-            _choice(name, getattr(self, name), allowed)
+            check_choice(name, getattr(self, name), allowed)
         for name in ("batch_size", "epochs", "prefetch_factor", "log_every", "ddp_bucket_cap_mb", "dist_timeout_s",
                      "grad_accum_steps", "profile_active", "profile_repeat"):
-            _positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         for name in ("steps", "global_batch_size", "train_size", "val_size"):
             if getattr(self, name) is not None:
-                _positive(name, getattr(self, name))
+                check_positive(name, getattr(self, name))
         if self.cudnn_benchmark not in (True, False, "force"):
             raise ConfigError(f"cudnn_benchmark={self.cudnn_benchmark!r} must be true, false or force (on even under "
                               "DataParallel, whose fresh threads re-time every step: notebook 05's trap)")
@@ -322,8 +307,6 @@ class TrainConfig:
         return out
 
     def save_yaml(self, path: str | os.PathLike) -> Path:
-        import yaml
-
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
@@ -350,9 +333,6 @@ def resume_differences(saved: dict[str, Any], cfg: TrainConfig) -> list[str]:
 def key_help() -> dict[str, tuple[str, str, str]]:
     """name -> (default, allowed values, meaning) for every TrainConfig field; the meaning is the comment on
     the field's line in this file (so `train --help` can't drift from the code)."""
-    import inspect
-    import re
-
     comments = {}
     for line in inspect.getsource(TrainConfig).splitlines():
         m = re.match(r"\s+(\w+): [^=]+=[^#]*#\s*(.+)", line)
@@ -375,7 +355,7 @@ def load(path: str | os.PathLike | None = None, overrides: list[str] | dict[str,
     """Build a config from an optional YAML file and `key=value` overrides (strings or a dict)."""
     values: dict[str, Any] = {}
     if path is not None:
-        values.update(_load_yaml(Path(path)))
+        values.update(read_yaml(Path(path), CONFIGS_DIR))
     if isinstance(overrides, dict):
         values.update(overrides)
     else:
@@ -386,149 +366,9 @@ def load(path: str | os.PathLike | None = None, overrides: list[str] | dict[str,
             if not text.strip():
                 raise ConfigError(f"{key.strip()}= is empty (an unset shell variable?); give a value, or leave "
                                   f"{key.strip()} out for its default ({format_value(_default(key.strip()))})")
-            values[key.strip()] = text  # the text as typed: each field's type decides how to read it (_coerce)
+            values[key.strip()] = text  # the text as typed: each field's type decides how to read it (values.coerce)
     return from_dict(values)
-
-
-def _load_yaml(p: Path) -> dict[str, Any]:
-    import yaml
-
-    named = ", ".join(sorted(c.name for c in CONFIGS_DIR.glob("*.yaml")))
-    if p.is_dir():
-        raise ConfigError(f"config file {str(p)!r} is a folder; give a YAML file in it (the workbook's: {named})")
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist; check the path (the workbook's named configs: "
-                          f"{named})")
-    try:
-        loaded = yaml.load(p.read_text(encoding="utf-8"), Loader=_strict_loader()) or {}
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
-    except yaml.YAMLError as e:
-        where = getattr(e, "problem_mark", None)
-        line = f" at line {where.line + 1}" if where else ""
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML{line} ({getattr(e, 'problem', None) or e}); "
-                          "write one `key: value` per line and quote values holding ': ' or ' #'") from None
-    except OSError as e:
-        raise ConfigError(f"config file {str(p)!r} can't be read ({e.strerror}); check its permissions") from None
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config file {str(p)!r} must hold a mapping of key: value, not {type(loaded).__name__}")
-    return loaded
-
-
-def _strict_loader():
-    """YAML's safe loader without YAML 1.1's number surprises: `12:30` (base 60), `0x1F`, `0o17` and `012`
-    (octal) stay text, which the field's type then reads or refuses; `1e-3` is a number."""
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        pass
-    int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
-    Loader.yaml_implicit_resolvers = {first: [(tag, rx) for tag, rx in rules if tag not in (int_tag, float_tag)]
-                                      for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-    Loader.add_implicit_resolver(int_tag, re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
-    number = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"
-    Loader.add_implicit_resolver(float_tag, re.compile(number), list("-+0123456789."))
-    Loader.add_constructor(int_tag, lambda loader, node: int(loader.construct_scalar(node)))  # 012 is 12
-    return Loader
 
 
 def _default(key: str) -> Any:
     return next((f.default for f in fields(TrainConfig) if f.name == key), "VALUE")
-
-
-# ---------------------------------------------------------------------- helpers
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}")
-
-
-def _positive(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{name}={value!r} must be a positive integer")
-
-
-def format_value(value: Any) -> str:
-    """A value as it is written on a command line: null, true/false, or str()."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
-INT_RE = re.compile(r"[+-]?[0-9]+")
-
-
-def check_one_line(field_name: str, value: str) -> str:
-    """Text that goes into a job file or a log line: no newline, carriage return or other control character
-    (a newline would end the comment or the quoted word the text is written into)."""
-    if CONTROL_RE.search(value):
-        raise ConfigError(f"{field_name}={value!r} contains a control character "
-                          f"({CONTROL_RE.search(value).group()!r}); give it as one line of plain text")
-    return value
-
-
-def _coerce(f: dataclasses.Field, value: Any) -> Any:
-    """Turn a Python, YAML or command-line value into the field's type, with an error that names the field.
-    Text (a command-line override, or a str given in Python) is read by the field's type: a string field keeps
-    it as typed; an int takes decimal digits only (no 0x1F, no 12:30); a float what float() reads; a bool
-    true/false/yes/no/on/off/1/0; `null` is None where the field allows None."""
-    kind = str(f.type)
-    expected = kind.split(" ")[0]
-    if isinstance(value, str) and value.strip() == "null" and ("None" in kind or expected != "str"):
-        value = None  # a string field keeps the text "null"
-    if value is None:
-        if "None" in kind:
-            return None
-        article = "an" if expected == "int" else "a"
-        raise ConfigError(f"{f.name}=None is not allowed; give {article} {expected} (default {format_value(f.default)})")
-    typed = {"bool": _as_bool, "int": _as_int, "float": _as_float, "str": _as_str}[expected](value)
-    if typed is None and kind in ("int | str", "bool | str") and isinstance(value, str):
-        typed = value.strip()  # a word (num_workers=auto, cudnn_benchmark=force); validate() says which it takes
-    if typed is None:
-        example = {"bool": "true or false", "int": "a whole number in decimal digits, e.g. 64",
-                   "float": "a number, e.g. 0.001", "str": "text"}[expected]
-        raise ConfigError(f"{f.name}={value!r} is not a valid {expected}; give {example}")
-    if expected == "float" and not math.isfinite(typed):
-        raise ConfigError(f"{f.name}={value!r} is not a finite number; give e.g. {format_value(f.default)}")
-    if expected == "str":
-        check_one_line(f.name, typed)
-    return typed
-
-
-def _as_bool(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    word = str(value).strip().lower() if isinstance(value, (str, int)) else None
-    return {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False,
-            "0": False}.get(word)
-
-
-def _as_int(value: Any) -> int | None:
-    if isinstance(value, str):
-        return int(value) if INT_RE.fullmatch(value.strip()) else None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
-def _as_float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
-def _as_str(value: Any) -> str | None:
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)  # YAML read `out_dir: 2024` as a number
-    return None
