@@ -1,6 +1,7 @@
 """What keeps a run's work safe: checkpoint.pt written atomically and read without running code
 (weights_only), the lock that keeps two runs out of one out_dir, and the stop signals (SIGUSR1, SIGTERM)
-that end a run with a checkpoint. Errors are one line that names the file and the fix."""
+that end a run with a checkpoint; and what a checkpoint holds of a Run (`run_state`), put back by `resume`.
+Errors are one line that names the file and the fix."""
 from __future__ import annotations
 
 import errno
@@ -8,11 +9,12 @@ import os
 import platform
 import signal
 import stat
+import time
 from pathlib import Path
 
 import torch
 
-from .config import ConfigError, UserError
+from .config import ConfigError, UserError, resume_differences
 from .results import disk_problem, fresh_file, make_folder
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)  # Slurm's warning before the time limit; scancel, the limit
@@ -78,6 +80,58 @@ def _write_error(path: Path, tmp: Path | None, e: Exception) -> str:
     if problem:
         return f"{problem} while writing the checkpoint; {kept}. Free space or use another out_dir"
     return f"could not write the checkpoint {path} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); {kept}"
+
+
+def run_state(run) -> dict:
+    """What a checkpoint holds of an engine.Run: only tensors, numbers, strings, lists and dicts, so that it
+    loads with torch.load(weights_only=True)."""
+    timing = run.clock.carried() if run.clock is not None else run.prior_timing
+    state = {"step": run.step, "model": run.raw_model.state_dict(), "optimizer": run.opt.state_dict(),
+             "scheduler": run.sched.state_dict(), "scaler": run.scaler.state_dict(),
+             "losses": run.losses, "rng_cpu": torch.get_rng_state(), "config": run.cfg.to_dict(),
+             "world_size": run.env.world_size, "timing": timing,
+             **run.history.state(run.synced_time(), time.perf_counter() - (run.t_start or time.perf_counter()))}
+    if run.device.type == "cuda":
+        state["rng_cuda"] = torch.cuda.get_rng_state(run.device)
+    return state
+
+
+def restore(run, state: dict) -> None:
+    """Everything a checkpoint holds, back into the engine.Run."""
+    run.raw_model.load_state_dict(state["model"])
+    run.opt.load_state_dict(state["optimizer"])
+    run.sched.load_state_dict(state["scheduler"])
+    run.scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["rng_cpu"])
+    if "rng_cuda" in state and run.device.type == "cuda":
+        torch.cuda.set_rng_state(state["rng_cuda"], run.device)
+    run.step, run.resumed_from = state["step"], state["step"]
+    run.loss_log.values = [float(v) for v in state["losses"]]
+    run.prior_timing = state.get("timing") or run.prior_timing
+    run.history.resume(state, run.step)
+
+
+def resume(run) -> bool:
+    """Continue the engine.Run from out_dir/checkpoint.pt when resume=true and the file exists: True once
+    restored. A checkpoint of another run (config, world size, length, model) is refused with the fix."""
+    path = run.out / "checkpoint.pt"
+    if not (run.cfg.resume and path.is_file()):
+        return False
+    state = read_checkpoint(path, run.device)
+    differ = resume_differences(state["config"], run.cfg)
+    if state["world_size"] != run.env.world_size:
+        differ.append(f"world size {state['world_size']} (now {run.env.world_size})")
+    if differ:
+        raise ConfigError(f"{path} holds a run with {'; '.join(differ)}: resuming would mix two runs; use "
+                          "the checkpoint's values, another out_dir, or resume=false to start afresh")
+    check_length(path, state["step"], run.cfg, run.total_steps)
+    try:
+        restore(run, state)
+    except (RuntimeError, ValueError, TypeError, KeyError, AttributeError) as e:  # weights of another model, ...
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise UserError(f"{path} does not fit this run ({first}); move it away, or give resume=false to start "
+                        "afresh (it is then overwritten)") from None
+    return True
 
 
 def make_out_dir(out: Path) -> None:

@@ -2,7 +2,8 @@
 
 Read `Run.fit` top to bottom: fetch a batch, copy it to the device, forward under autocast, backward,
 optimizer step; around it the step clock (meters.py), TensorBoard scalars, checkpoints and a profiler hook.
-Precision set-up lives in precision.py, checkpoint files and stop signals in checkpoint.py."""
+Precision set-up lives in precision.py, the optimizer and its schedule in optimizer.py, checkpoint files, stop
+signals and what a checkpoint holds of a Run in checkpoint.py."""
 from __future__ import annotations
 
 import math
@@ -20,17 +21,17 @@ from . import buckets, data, distributed, models, peaks, profiling, stepgraph, t
 from .meters import COMPILE_WARMUP, LossLog, StepClock, check_timed, timing_fields, untimed_steps  # noqa: F401
 from .precision import (SkippedSteps, autocast, backend_flags, grad_scaler, set_cudnn_benchmark,  # noqa: F401
                         set_precision_flags)  # tl.engine.set_precision_flags: notebook 01
-from .checkpoint import OutDirLock, StopSignals, check_length, make_out_dir, read_checkpoint, write_checkpoint
-from .config import ConfigError, TrainConfig, UserError, resume_differences
+from .checkpoint import OutDirLock, StopSignals, make_out_dir, resume, run_state, write_checkpoint
+from .config import ConfigError, TrainConfig, UserError  # noqa: F401  (tl.engine.ConfigError)
 from .distributed import device_name  # tl.engine.device_name: notebooks 01-04
 from .history import History, check_eval_every, kept_result
 from .launcher import launch, torchrun_command  # noqa: F401  (tl.launch, notebook 05; lessons/cases)
+from .optimizer import OPTIMIZER_IMPLS, lr_lambda, make_optimizer  # noqa: F401  (engine.OPTIMIZER_IMPLS: 04)
 from .results import Result
 
 # The CLI's exit code after SIGUSR1 (Slurm's warning before the time limit) or SIGTERM (scancel, a time limit
 # without --signal): the checkpoint is written; run the same command again to continue.
 EXIT_PREEMPTED = 3
-OPTIMIZER_IMPLS = {"auto": {}, "fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
 
 
 class Preempted(Exception):
@@ -39,18 +40,6 @@ class Preempted(Exception):
 
 class NonFiniteLoss(UserError):
     """The loss became NaN or infinite: training can't recover, so the run stops (without a checkpoint)."""
-
-
-def lr_lambda(cfg: TrainConfig, total_steps: int):
-    """Linear warm-up over warmup_steps, then constant or cosine decay to zero."""
-    def f(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.lr_schedule == "constant":
-            return 1.0
-        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return f
 
 
 def log(env: distributed.DistEnv, msg: str) -> None:
@@ -83,7 +72,7 @@ class Run:
         if cfg.channels_last:
             self.raw_model = self.raw_model.to(memory_format=torch.channels_last)
         self.model = self.wrap(self.raw_model)
-        self.opt = self.make_optimizer()
+        self.opt = make_optimizer(cfg, self.raw_model.parameters(), self.device)
         self.restart_schedule()
         self.graphed = stepgraph.GraphedStep(self.graph_body, self.opt, self.device) if cfg.cuda_graph else None
         self.scaler = grad_scaler(cfg, self.device)
@@ -139,26 +128,6 @@ class Run:
                          "nothing to split and runs the model once per step, as parallel=none would")
             return profiling.LabelledDataParallel(net, nvtx=cfg.nvtx)
         return torch.compile(net, mode=cfg.compile_mode) if cfg.compile else net
-
-    def make_optimizer(self) -> torch.optim.Optimizer:
-        """optimizer_impl picks torch.optim's implementation: fused (one kernel updates every parameter),
-        foreach (one kernel per operation over all of them), for-loop (kernels per parameter), auto (torch's
-        choice: foreach on a GPU). Notebook 04 measures the difference."""
-        cfg = self.cfg
-        impl = OPTIMIZER_IMPLS["fused" if cfg.cuda_graph else cfg.optimizer_impl]  # a graph needs one kernel
-        try:
-            if cfg.optimizer == "sgd":
-                opt = torch.optim.SGD(self.raw_model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                                      weight_decay=cfg.weight_decay, nesterov=cfg.momentum > 0, **impl)
-            else:
-                opt = torch.optim.AdamW(self.raw_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
-            if cfg.cuda_graph:
-                stepgraph.tensor_lr(opt)
-            return opt
-        except (RuntimeError, TypeError) as e:  # e.g. fused=True where this torch has no fused kernel
-            raise ConfigError(f"optimizer_impl={cfg.optimizer_impl!r} does not work for optimizer={cfg.optimizer!r} "
-                              f"on {self.device.type} with torch {torch.__version__} ({e}); use "
-                              "optimizer_impl=auto") from None
 
     def restart_schedule(self) -> None:  # from step 1: into the optimizer, or the tensor a CUDA graph reads
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.cfg, self.total_steps))
@@ -459,55 +428,19 @@ class Run:
                     file=sys.stdout, dynamic_ncols=True)
 
     def save_checkpoint(self) -> None:
+        """Rank 0 writes checkpoint.pt: everything this run needs to continue (checkpoint.run_state)."""
         if not self.env.is_main:
             return
         self.loss_log.ship(self.step)
         self.loss_log.ready(wait=True)  # the checkpoint holds every loss so far (fit() has reported them)
-        timing = self.clock.carried() if self.clock is not None else self.prior_timing
-        # only tensors, numbers, strings, lists and dicts: it loads with torch.load(weights_only=True)
-        state = {"step": self.step, "model": self.raw_model.state_dict(), "optimizer": self.opt.state_dict(),
-                 "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(),
-                 "losses": self.losses, "rng_cpu": torch.get_rng_state(), "config": self.cfg.to_dict(),
-                 "world_size": self.env.world_size, "timing": timing,
-                 **self.history.state(self.synced_time(), time.perf_counter() - (self.t_start or time.perf_counter()))}
-        if self.device.type == "cuda":
-            state["rng_cuda"] = torch.cuda.get_rng_state(self.device)
-        write_checkpoint(state, self.out / "checkpoint.pt")
+        write_checkpoint(run_state(self), self.out / "checkpoint.pt")
         self.saved_step = self.step
 
-    def restore(self, state: dict) -> None:
-        """Everything a checkpoint holds, back into this run."""
-        self.raw_model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["rng_cpu"])
-        if "rng_cuda" in state and self.device.type == "cuda":
-            torch.cuda.set_rng_state(state["rng_cuda"], self.device)
-        self.step, self.resumed_from = state["step"], state["step"]
-        self.loss_log.values = [float(v) for v in state["losses"]]
-        self.prior_timing = state.get("timing") or self.prior_timing
-        self.history.resume(state, self.step)
-
     def maybe_resume(self) -> None:
-        path = self.out / "checkpoint.pt"
-        if not (self.cfg.resume and path.is_file()):
-            return
-        state = read_checkpoint(path, self.device)
-        differ = resume_differences(state["config"], self.cfg)
-        if state["world_size"] != self.env.world_size:
-            differ.append(f"world size {state['world_size']} (now {self.env.world_size})")
-        if differ:
-            raise ConfigError(f"{path} holds a run with {'; '.join(differ)}: resuming would mix two runs; use "
-                              "the checkpoint's values, another out_dir, or resume=false to start afresh")
-        check_length(path, state["step"], self.cfg, self.total_steps)
-        try:
-            self.restore(state)
-        except (RuntimeError, ValueError, TypeError, KeyError, AttributeError) as e:  # weights of another model, ...
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-            raise UserError(f"{path} does not fit this run ({first}); move it away, or give resume=false to start "
-                            "afresh (it is then overwritten)") from None
-        log(self.env, f"resuming from step {self.step} of {path} (resume=false starts afresh)")
+        """Continue from out_dir/checkpoint.pt when resume=true and it exists (checkpoint.resume: if it fits)."""
+        if resume(self):
+            log(self.env, f"resuming from step {self.step} of {self.out / 'checkpoint.pt'} "
+                          "(resume=false starts afresh)")
 
 
 @contextmanager
