@@ -5,6 +5,7 @@
     result = tl.train(cfg)            # this process: one device or DataParallel
     result = tl.launch(cfg, nproc=2)  # DDP through torchrun, from a notebook cell
 """
+import importlib
 from pathlib import Path
 
 from .config import ROOT, ConfigError, TrainConfig, UserError, load
@@ -28,7 +29,5 @@ def __getattr__(name):
 
         return getattr(results, name)
     if name in SUBMODULES or name in LESSONS:
-        import importlib
-
         return importlib.import_module(f".{'lessons.' if name in LESSONS else ''}{name}", __name__)
     raise AttributeError(f"module 'tutorial_lib' has no attribute {name!r}")

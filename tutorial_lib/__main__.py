@@ -31,7 +31,7 @@ from .config import UserError, key_help, load
 from .jobs import DEFAULT_LINE_PROFILE, Resources, render_command, render_record, shown_path
 from .jobs import stale as stale_jobs, submit as submit_job, write as write_job
 from .lessons import size, studies
-from .results import result_line
+from .results import make_folder, result_line
 from .sites import default_site, load_site, site_names
 from .slurm import Job
 
@@ -128,8 +128,6 @@ def ladder(argv: list[str]) -> int:
     sizes = ladder_module.sizes_for(size.current(args.small))
     if args.roofline:
         return roofline(ladder_module, sizes, given, args.reference)
-    from .results import make_folder
-
     make_folder(args.out, f"--out {args.out!r}", "give a folder you can write")  # before the rungs run, not after
     rows = ladder_module.run(sizes, given, args.only.split(",") if args.only else None, args.compile_on_cpu)
     trace = ladder_module.traces(sizes, given) if args.trace else {}

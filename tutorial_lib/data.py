@@ -21,6 +21,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from .checkpoint import STOP_SIGNALS
 from .config import DataNotFound, TrainConfig, UserError, mp_context
+from .distributed import DistEnv, pick_device
+from .imagefolder import imagefolder_dataset, write_imagefolder
 from .results import make_folder
 from .shapes import cached_shapes
 
@@ -144,14 +146,12 @@ def base_dataset(cfg: TrainConfig, split: str):
         raise DataNotFound(f"data_dir={cfg.data_dir!r} is a file, not a folder; give the folder that holds the "
                            "staged datasets (the workbook's is data)")
     if cfg.dataset == "imagefolder":
-        from .imagefolder import imagefolder_dataset  # added by the data-loading lesson
-
         return imagefolder_dataset(cfg, split)
     return TorchvisionImages(torchvision_dataset(cfg.dataset, cfg.data_dir, train=(split == "train")))
 
 
 def torchvision_dataset(name: str, data_dir: str, train: bool, download: bool = False):
-    import torchvision
+    import torchvision  # about a second to import: only the staged datasets need it
 
     cls = getattr(torchvision.datasets, TORCHVISION[name])
     try:
@@ -167,8 +167,6 @@ def fetch(name: str, data_dir: str = "data") -> Path:
     if name in (*TORCHVISION, "imagefolder"):  # a folder that can't be made is not an internet problem
         make_folder(data_dir, f"data_dir={str(data_dir)!r}", "give a folder you can write (--data-dir)")
     if name == "imagefolder":
-        from .imagefolder import write_imagefolder
-
         return write_imagefolder(Path(data_dir) / "imagefolder")
     if name not in TORCHVISION:
         raise UserError(f"cannot fetch {name!r}: one of {', '.join([*TORCHVISION, 'imagefolder'])} "
@@ -427,8 +425,6 @@ def build_input(cfg: TrainConfig, split: str, env=None, batch_size: int | None =
     `env` (a distributed.DistEnv) says which rank and device it feeds; by default one process on cfg.device.
     `batch_size` is per device (default cfg.batch_size)."""
     if env is None:
-        from .distributed import DistEnv, pick_device
-
         env = DistEnv(device=pick_device(cfg.device))
     batch_size = batch_size or cfg.batch_size
     if cfg.loader == "gpu_resident":

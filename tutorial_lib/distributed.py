@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ._gloo_exit import hand_over
+from .config import ConfigError, UserError
 
 
 @dataclass
@@ -56,8 +57,6 @@ def _env_int(environ, name: str, default: int = 0) -> int:
     if text is None:
         return default
     if not text.strip().isdigit():
-        from .config import ConfigError
-
         raise ConfigError(f"{name}={text!r} in the environment is not a whole number: torchrun and srun set it "
                           f"for the processes they start; if it is left over from an earlier shell, unset {name}")
     return int(text)
@@ -67,8 +66,6 @@ def check_launch(parallel: str, env: DistEnv) -> None:
     """Several processes by the launcher's variables but parallel is not ddp: started by a launcher, or variables
     left over in the shell (exported by hand, or by an earlier session) that say so wrongly."""
     if env.launched and env.world_size > 1 and parallel != "ddp":
-        from .config import ConfigError
-
         names = " ".join(word.split("=")[0] for word in env.source.split())
         raise ConfigError(f"{env.source} in the environment say this is one of {env.world_size} processes started "
                           f"together (by torchrun or srun), but parallel={parallel!r}: if a launcher started them, "
@@ -76,8 +73,6 @@ def check_launch(parallel: str, env: DistEnv) -> None:
 
 
 def pick_device(requested: str, local_rank: int = 0) -> torch.device:
-    from .config import ConfigError
-
     if requested == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda' was requested but no CUDA GPU is visible "
                           "(check `nvidia-smi` and that the job asked for a GPU); use device=auto or device=cpu")
@@ -151,8 +146,6 @@ def collective(name: str, env: DistEnv):
     except RuntimeError as e:
         if not (env.distributed and is_comm_error(e)):
             raise
-        from .config import UserError
-
         silent = _silent_ranks(env)
         who = (f"rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} did not answer" if silent
                else "another rank did not answer")

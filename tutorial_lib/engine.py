@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from tqdm import tqdm
 
 from . import buckets, data, distributed, models, peaks, profiling, stepgraph, tensorboard
 from .meters import COMPILE_WARMUP, LossLog, StepClock, check_timed, timing_fields, untimed_steps  # noqa: F401
@@ -420,8 +421,6 @@ class Run:
         return tensorboard.event_writer(self.out / "tb", purge_step=self.step if self.resumed_from else None)
 
     def progress_bar(self):
-        from tqdm import tqdm
-
         interactive = sys.stdout.isatty() or "ipykernel" in sys.modules  # a bar in a Slurm log is noise
         return tqdm(total=self.total_steps, initial=self.step, unit="step", desc=f"train {self.cfg.model}",
                     disable=not (self.cfg.progress and interactive and self.env.is_main), mininterval=1.0,

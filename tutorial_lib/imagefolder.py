@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 from .config import DataNotFound, TrainConfig, UserError, mp_context, usable_cpus
 from .shapes import SHAPE_NAMES, make_shapes
@@ -49,8 +50,6 @@ def write_imagefolder(root: str | os.PathLike, train_size: int = SIZES["train"],
 
 
 def _write_chunk(job) -> None:
-    from PIL import Image
-
     folder, images, labels, start = job
     names = class_dirs()
     for i, (img, label) in enumerate(zip(images, labels)):
@@ -106,8 +105,6 @@ class ImageFolderImages:
     @staticmethod
     def _open(path: str):
         """The image at `path` as RGB, decoded; a one-line error naming the file when it can't be."""
-        from PIL import Image
-
         try:
             with Image.open(path) as img:
                 return img.convert("RGB")

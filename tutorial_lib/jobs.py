@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import jinja2
+
 from .config import ROOT, TrainConfig, UserError, check_one_line, load, suggest
 from .results import result_line  # noqa: F401  (tl.jobs.result_line: notebooks 01, 03)
 from .sites import (ARRAY_RE, PATH_RE, Site, check_name, check_pattern, check_slurm_words, default_site, directives,
@@ -253,8 +255,6 @@ def resources_record(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _environment():
-    import jinja2
-
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), trim_blocks=True,
                              lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
                              autoescape=False)

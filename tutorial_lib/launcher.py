@@ -141,7 +141,7 @@ def loopback_stores() -> None:
     with its ranks) listens on 127.0.0.1 only: a socket bound there is handed to the store (master_listen_fd),
     which otherwise binds every interface."""
     import torch.distributed as dist
-    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend  # torchrun's own: only its process
 
     class LoopbackStore(dist.TCPStore):
         def __init__(self, host_name, port, *args, **kwargs):
@@ -160,7 +160,7 @@ def loopback_stores() -> None:
 def main(argv: list[str]) -> None:
     """`python -m tutorial_lib.launcher ARGS`: torchrun ARGS; with --standalone (one node) its stores listen on
     127.0.0.1 and the ranks find them there (--local-addr)."""
-    from torch.distributed import run
+    from torch.distributed import run  # torchrun's own: only this process needs it
 
     if "--standalone" in argv:
         loopback_stores()

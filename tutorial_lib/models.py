@@ -5,6 +5,7 @@ import functools
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from .config import ConfigError
 
@@ -12,7 +13,7 @@ from .config import ConfigError
 def resnet18(num_classes: int, stem: str = "cifar") -> nn.Module:
     """torchvision's ResNet-18. The CIFAR stem (3x3 conv, stride 1, no max-pool) keeps 32x32 inputs at
     32x32 in the first stage; the ImageNet stem (7x7 stride 2 + max-pool) shrinks them to 8x8 at once."""
-    import torchvision
+    import torchvision  # about a second to import: only the ResNets need it
 
     model = torchvision.models.resnet18(weights=None, num_classes=num_classes)
     if stem == "cifar":
@@ -60,8 +61,6 @@ def param_checksum(model: nn.Module) -> float:
 def train_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
     """FLOPs of one training step's forward + cross-entropy + backward on (x, y), counted by
     torch.utils.flop_counter (matmuls and convolutions, 2 FLOPs per multiply-add), not typed by hand."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     with FlopCounterMode(display=False) as counter:
         torch.nn.functional.cross_entropy(model(x), y).backward()
     return counter.get_total_flops()

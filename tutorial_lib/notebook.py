@@ -24,7 +24,7 @@ def setup(quiet: bool = False) -> Session:
     WORKBOOK_SIZE=small|full overrides the automatic choice (small without a GPU, full with one): the one
     size switch of the workbook, `lessons.size` (notebook 00 teaches it).
     """
-    import torch
+    import torch  # the face loads torch when a notebook starts, not at import
 
     os.chdir(ROOT)
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")

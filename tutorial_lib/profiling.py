@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from line_profiler import LineProfiler
 
 from . import tensorboard
 from .config import ConfigError, UserError
@@ -220,8 +221,6 @@ def line_profile(functions, call, *args, **kwargs) -> LineReport:
     cost; the GPU's work shows up on the first line that waits for it (`.item()`, `.tolist()`, a copy to the host).
     (Notebook 02 teaches it.)
     """
-    from line_profiler import LineProfiler
-
     lp = LineProfiler()
     for f in functions if isinstance(functions, (list, tuple)) else [functions]:
         lp.add_function(getattr(f, "__func__", f))

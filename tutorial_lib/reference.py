@@ -15,8 +15,10 @@ version and the date of the run that produced them; nothing is typed by hand. No
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +83,7 @@ def record(name: str, **figures: Any) -> dict[str, Any]:
     folder = os.environ.get(ENV)
     if not folder:
         return figures
-    import torch
+    import torch  # only a recording cell on a GPU node gets here (see write)
 
     if not torch.cuda.is_available():
         return figures
@@ -93,15 +95,11 @@ def record(name: str, **figures: Any) -> dict[str, Any]:
 
 def cell_fingerprint(sources: list[str]) -> str:
     """A short hash of the source of the cells that record into one reference file (the runner stores it)."""
-    import hashlib
-
     return hashlib.sha256("\n\x00".join(s.strip() for s in sources).encode()).hexdigest()[:16]
 
 
 def recording_cells(notebook: str | os.PathLike) -> dict[str, list[str]]:
     """reference name -> the sources of the notebook's code cells that call tl.reference.record(name, ...)."""
-    import re
-
     cells = json.loads(Path(notebook).read_text())["cells"]
     out: dict[str, list[str]] = {}
     for cell in cells:
@@ -177,8 +175,6 @@ def names_for(notebook: str | os.PathLike, folder: str | os.PathLike | None = No
     """The reference files whose figures `notebook` shows: those named in its code (record, show, load) and
     those named after it (`NN_*.json` for notebook `NN_...`) that exist; missing=True: those named in its code
     that no run has written yet."""
-    import re
-
     nb = Path(notebook)
     named = set(re.findall(r'reference\.(?:record|show|load)\(\s*\\?["\']([\w.-]+)', nb.read_text()))
     if missing:
@@ -194,8 +190,6 @@ def minor(version: str) -> str:
 
 def lock_torch(lock: str | os.PathLike | None = None) -> str:
     """The torch version requirements.lock pins."""
-    import re
-
     m = re.search(r"^torch==([\w.+]+)$", Path(lock or LOCK).read_text(), re.M)
     if not m:
         raise UserError(f"{lock or LOCK} pins no torch (a line torch==X.Y.Z)")
@@ -204,8 +198,6 @@ def lock_torch(lock: str | os.PathLike | None = None) -> str:
 
 def torch_notes(notes: str | os.PathLike | None = None) -> dict[str, str]:
     """torch minor -> why reference runs used it rather than the lock's, from the notes file's '- **X.Y**: why'."""
-    import re
-
     p = Path(notes or NOTES)
     text = p.read_text() if p.is_file() else ""
     found = re.finditer(r"^- \*\*(\d+\.\d+)\*\*: (.+(?:\n  +\S.*)*)", text, re.M)  # indented lines continue it

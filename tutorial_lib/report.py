@@ -18,7 +18,7 @@ def _version(pkg: str) -> str:
 
 
 def gpus() -> list[dict]:
-    import torch
+    import torch  # the face loads torch when its report runs, not at import
 
     out = []
     for i in range(torch.cuda.device_count()):
@@ -37,9 +37,9 @@ def slurm() -> dict:
 
 def env_report(data_dir: str = "data") -> dict:
     """Python, packages, CUDA, GPUs, CPUs, Slurm and staged datasets, as a dict. (Notebook 00 teaches it.)"""
-    import torch
+    import torch  # the face loads torch when its report runs, not at import
 
-    from .data import staged
+    from .data import staged  # imports torch, as above
 
     return {
         "python": platform.python_version(),

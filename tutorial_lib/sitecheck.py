@@ -31,6 +31,7 @@ from pathlib import Path
 
 from . import jobs, sites
 from .config import ROOT, TrainConfig, UserError
+from .tensorboard import running
 
 
 @dataclass
@@ -124,7 +125,7 @@ def hub_server() -> dict | None:
 
 def _servers() -> list[dict]:
     try:
-        from jupyter_core.paths import jupyter_runtime_dir
+        from jupyter_core.paths import jupyter_runtime_dir  # optional: the lab extra
     except ImportError:
         return []
     found = []
@@ -270,8 +271,6 @@ def check_tensorboard(ctx: SiteFacts) -> Check:
     if server is None:
         return Check("tensorboard", "SKIP", "no running Jupyter server: the link through its proxy is checked "
                      "while one runs (notebook 00 opened in JupyterLab or on the hub, or beside `make lab`)")
-    from .tensorboard import running
-
     boards = running()
     with _Target(boards[0].port if boards else None) as port:
         shown = f"{server.get('base_url', '/')}proxy/{port}/"

@@ -15,6 +15,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .config import UserError, check_one_line
 
 SITES_DIR = Path(__file__).resolve().parent / "sites"
@@ -103,8 +105,6 @@ def site_names() -> list[str]:
 
 def load_site(name: str | os.PathLike | None = None) -> Site:
     """A site profile by name (tutorial_lib/sites/NAME.yaml) or by the path of a YAML file."""
-    import yaml
-
     name = default_site() if name is None else name
     check_one_line("site", str(name))  # --site, site= and $WORKBOOK_SITE alike: the name reaches the job file
     path = Path(name) if str(name).endswith((".yaml", ".yml")) else SITES_DIR / f"{name}.yaml"

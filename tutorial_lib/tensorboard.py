@@ -124,7 +124,7 @@ def _parent_jupyter_server() -> dict | None:
     if not pid:
         return None
     try:
-        from jupyter_core.paths import jupyter_runtime_dir
+        from jupyter_core.paths import jupyter_runtime_dir  # optional: the lab extra
 
         server = json.loads((Path(jupyter_runtime_dir()) / f"jpserver-{pid}.json").read_text())
     except (ImportError, OSError, ValueError):
@@ -247,7 +247,7 @@ def event_writer(folder: Path, purge_step: int | None = None):
         full = disk_problem(existing(folder))
         if full:
             raise OSError(errno.ENOSPC, full)
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # imports torch: starting TensorBoard needs none
 
         return SummaryWriter(str(folder), purge_step=purge_step)
     except OSError as e:

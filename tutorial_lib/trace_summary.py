@@ -438,7 +438,7 @@ class Summary:
     def plot(self, top: int = 8):
         """One figure: each step's parts for every rank (left), the top kernels or operators of the first
         rank (right). Returns the matplotlib Figure."""
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # most of a second to import: only plots need it
 
         fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1.1, 1]})
         labels, bottoms = [], []

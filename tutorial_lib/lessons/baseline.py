@@ -22,6 +22,10 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+import torch.nn.functional as F
+
+from .. import data, engine, models
 from ..config import ROOT, TrainConfig, load
 
 QUERY = "clocks.sm,power.draw,temperature.gpu"
@@ -57,11 +61,6 @@ class GpuSampler:
 
 def by_hand(cfg: TrainConfig, benchmark: bool, steps: int) -> float:
     """Median ms of `steps` synchronised steps of notebook 01's hand-written loop on one batch (3 warm-up)."""
-    import torch
-    import torch.nn.functional as F
-
-    from .. import data, engine, models
-
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with engine.backend_flags():
         engine.set_precision_flags(cfg)
@@ -86,8 +85,6 @@ def by_hand(cfg: TrainConfig, benchmark: bool, steps: int) -> float:
 
 def engine_run(cfg: TrainConfig, window: int) -> dict:
     """The engine's figures for `cfg`, and the time of each window of `window` timed steps (ms per step)."""
-    from .. import engine
-
     with engine.prepared_run(cfg) as run, contextlib.redirect_stdout(io.StringIO()):
         result = run.fit()
         windows = [1000 * s / window for s in run.clock.window_seconds(window)]

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import engine
+from .. import engine, trace_summary
 from ..config import TrainConfig, UserError, usable_cpus
 
 KEEP = ("config", "device", "world_size", "steps", "global_batch", "throughput_img_s", "step_time_ms",
@@ -271,8 +271,6 @@ def trace_figures(run_dir: str | os.PathLike) -> dict:
     """Per rank of a traced run (profile=true): its step cut into parts (ms, tl.trace_summary), and per profiled
     step the time its collective kernels ran (NCCL on GPUs; gloo has none), the all-reduce calls and every
     operator its host launched."""
-    from .. import trace_summary
-
     out = {}
     for t in trace_summary.summarize(run_dir):
         events = trace_summary.read_trace(trace_summary.find_traces(run_dir)[t.worker][-1]).get("traceEvents", [])

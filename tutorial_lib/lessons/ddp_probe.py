@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from . import roofline, scaling
 from .cases import Case, Runner, node_gpus
 from .dpddp import TRACED, graphed, recipe
+from .. import trace_summary
 from ..config import UserError
 
 BUDGET_S = 420
@@ -68,8 +71,6 @@ def cases(size, gpus: int = 4) -> list[Case]:
 
 def study(size, out: Path) -> dict[str, dict]:
     """`python -m tutorial_lib study ddp_probe`: the forms, then the traced pair taken apart kernel class by class."""
-    import torch
-
     here = 0 if size.small else torch.cuda.device_count()
     runner = Runner(out, size.pick(1800, BUDGET_S), here)
     for case in cases(size, node_gpus(here)):
@@ -97,8 +98,6 @@ def study(size, out: Path) -> dict[str, dict]:
 def gap(*run_dirs: Path) -> dict:
     """Per rank of each traced run: the step (ms), its parts and its kernels in tl.roofline's classes (ms per
     profiled step), so that one GPU's trace and the DDP ranks' can be subtracted class by class."""
-    from .. import trace_summary
-
     out = {}
     for d in run_dirs:
         for t in trace_summary.summarize(d, top=100_000):  # every kernel: the classes need them all

@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import torch
+
 from . import scaling
 from .cases import Case, Runner, Selection, node_gpus, trace_figures, why_missing
 from ..config import TrainConfig, UserError
@@ -91,8 +93,6 @@ def cases(size, gpus: int = 4) -> list[Case]:
 def study(size, out: Path, select: Selection | None = None) -> dict[str, dict]:
     """`python -m tutorial_lib study dpddp`: every case (or those `select` names), then cases.json and
     dp_vs_ddp.md in `out`."""
-    import torch
-
     here = 0 if size.small else torch.cuda.device_count()
     gpus = size.pick(2, node_gpus(here))
     plan = cases(size, gpus)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import contextlib
 import io
 
+import torch
+
 from . import ladder, noise
+from .. import engine, reference
 from ..config import TrainConfig
 
 
@@ -36,8 +39,6 @@ def engine_vs_bare(sizes: ladder.Sizes, pairs: int = 3, timed: int = 6, override
     that loses its core stalls the whole step, in whichever run it happens). Returns each pair's ratio (engine /
     bare loop, images per second of the p10 step) and the verdict: within noise when the range of the ratios
     (noise.FLOOR at least) holds 1."""
-    import torch
-
     plan = {rung.name: (rung, cfg) for rung, cfg, _ in ladder.configs(sizes, overrides, ladder.device_type(overrides))}
     (engine_rung, cfg), (bare_rung, _) = plan["gpu_resident"], plan["bare_loop"]
     cfg = cfg.replace(steps=cfg.timing_warmup + timed)
@@ -62,8 +63,6 @@ def engine_vs_bare(sizes: ladder.Sizes, pairs: int = 3, timed: int = 6, override
 def precision_runs(base: TrainConfig, precisions, seeds, out_dir: str = "runs/04_precisions") -> dict:
     """Train `base` once per precision and seed (the seed draws the weights, the data and its order); returns
     {precision: [Result per seed]}. `base` should validate along the way (eval_every) for images to target."""
-    from .. import engine
-
     runs = {}
     for precision in precisions:
         for seed in seeds:
@@ -129,8 +128,6 @@ BASELINE_RUNS = (
 def baseline_runs(folder=None) -> list[dict]:
     """The fp32 baseline step as each notebook's GPU reference run measured it: card, date, img/s with the
     spread of its steps (noise.step_band; notebook 02 keeps only a median), and what that run does besides."""
-    from .. import reference
-
     out = []
     for name, what in BASELINE_RUNS:
         rec = reference.load(name, folder)
@@ -173,8 +170,6 @@ def baseline_lines(runs: list[dict]) -> list[str]:
 
 def baseline_check_lines(folder=None) -> list[str]:
     """What the baseline study (python -m tutorial_lib study baseline) measured in one process, or how to run it."""
-    from .. import reference
-
     rec = reference.load("01_baseline_check", folder)
     if rec is None:
         return ["(the study that measures these differences in one process has not run on a GPU yet: "

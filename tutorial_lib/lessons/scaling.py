@@ -24,6 +24,7 @@ import os
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 
+from .. import jobs, trace_summary
 from ..config import TrainConfig, UserError
 
 KINDS = ("weak", "strong")
@@ -197,8 +198,6 @@ def comm_share(run_dir: str | os.PathLike) -> dict:
     """What the gradient all-reduce costs, from a run's per-rank traces (profile_ranks=all): each rank's
     communication that no compute kernel hides ("comm" of tl.trace_summary), as ms and as a share of its
     step; the job's figure is the largest share (the ranks wait for each other). Never negative."""
-    from .. import trace_summary
-
     ranks = {t.worker: (t.parts_ms["comm"], t.step_ms) for t in trace_summary.summarize(run_dir)}
     shares = {w: comm / step for w, (comm, step) in ranks.items() if step}
     if not shares:
@@ -341,8 +340,6 @@ def write_jobs(cfg: TrainConfig, gpus=(1, 2, 4), nodes: int = 2, prefix: str = "
     split n ways) and, at the largest n, the weak point traced on every rank (`traced`: what the all-reduce
     costs, `comm_share`); then the weak point on `nodes` nodes. Each task writes <out>/<n>gpu/<point>/
     result.json: `ledger(out)` collects them. write_kw go to tl.jobs.write (site, time, jobs_dir, show, ...)."""
-    from .. import jobs
-
     counts, b, paths = _counts(gpus), cfg.batch_size, []
     for n in counts:
         sweep = None
@@ -368,8 +365,6 @@ def write_lr_job(cfg: TrainConfig, gpus: int, base_batch: int, warmup_images: in
                  out: str = "runs/06_lr_rules", **write_kw) -> Path:
     """A job array on `gpus` GPUs, one task per learning-rate rule (lr and warm-up of `lr_recipe`), each
     recording validation accuracy against time (cfg.eval_every) until cfg.target_accuracy."""
-    from .. import jobs
-
     sweep = []
     for rule in LR_RULES:
         c = lr_recipe(cfg, gpus, base_batch, rule, warmup_images)
@@ -446,7 +441,7 @@ def _cell(v) -> str:
 # ---------------------------------------------------------------------------------------- plots
 def plot_scaling(points: list[Point], kind: str = "weak", ax=None, label: str | None = None):
     """Throughput against GPUs with the ideal line (N x the baseline), each point labelled with its efficiency."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # most of a second to import: only plots need it
 
     ax = ax or plt.subplots(figsize=(5, 3.2))[1]
     gpus = [p.gpus for p in points]
@@ -466,7 +461,7 @@ def plot_scaling(points: list[Point], kind: str = "weak", ax=None, label: str | 
 
 def plot_accuracy(results: dict, target: float | None = None, ax=None):
     """Validation accuracy against training seconds (val_history) for {label: result}, and the target."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # most of a second to import: only plots need it
 
     ax = ax or plt.subplots(figsize=(6, 3.4))[1]
     for label, r in results.items():

@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from . import scaling
 from .cases import Case, Runner, Selection, node_gpus, why_missing
 from ..config import ROOT, UserError, load
@@ -69,8 +71,6 @@ def case_names(size, gpus: int) -> list[str]:
 def study(size, out: Path, select: Selection | None = None) -> dict[str, dict]:
     """`python -m tutorial_lib study scaling`: the stages in order (or the cases `select` names, the others kept
     from the existing record), the record rewritten after each."""
-    import torch
-
     here = 0 if size.small else torch.cuda.device_count()
     gpus = size.pick(2, node_gpus(here))
     if select:

@@ -110,7 +110,7 @@ def run(name: str, size: Size, out: str | Path, write_reference: bool = False,
 def selection(study: Study, size: Size, out: Path, write_reference: bool, only: list[str]):
     """The cases.Selection for `--only`: the names, and the case records of the existing record, which must have
     been made on this machine's kind of node (card, GPU count, torch)."""
-    from .cases import Selection
+    from .cases import Selection  # cases imports the engine (torch): see run()
 
     if "select" not in inspect.signature(study.function()).parameters:
         able = [s.name for s in STUDIES.values() if "select" in inspect.signature(s.function()).parameters]
@@ -146,7 +146,7 @@ def _cases_of(figures: dict) -> dict:
 def _machine(size: Size) -> dict:
     """The record fields that must match for a merge: card, GPU count and torch version, as `run` records them
     on this machine at this size."""
-    import torch
+    import torch  # as in run(): `study --list` answers without it
 
     gpus = torch.cuda.device_count()
     card = torch.cuda.get_device_name(0) if gpus else "CPU"
