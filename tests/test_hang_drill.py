@@ -95,3 +95,33 @@ def test_a_phase_an_exception_leaves_is_kept_as_where_it_failed():
             raise RuntimeError("Timed out")
     assert lastwords.NOW.raised_in[0] == "backward" and lastwords.NOW.stack == []
     lastwords.NOW.raised_in = None
+
+
+@pytest.mark.slurm
+def test_the_drill_job_fails_on_the_local_slurm_and_its_folder_names_the_frozen_rank(tmp_path):
+    """jobs/05_hang_drill.sbatch as notebook 05 writes it (torchrun on 2 GPUs), with CPU sizes: the job fails
+    after dist_timeout_s, and `hang` on its out_dir names rank 1 and the flight recorder agrees."""
+    from test_slurm import PROBLEM, finished
+    from tutorial_lib import jobs
+    from tutorial_lib.config import TrainConfig
+
+    if PROBLEM is not None:
+        pytest.skip(str(PROBLEM))
+    out = tmp_path / "drill"
+    cfg = TrainConfig(dataset="shapes", model="resnet18_imagenet", batch_size=16, steps=4, train_size=256,
+                      device="cpu", parallel="ddp", dist_timeout_s=TIMEOUT_S, eval=False, tensorboard=False,
+                      log_every=1, timing_warmup=1, num_workers=0, out_dir=str(out))
+    path = jobs.write("t05_hang_drill", command=["python", "-m", "tutorial_lib", "drill", "--freeze-rank", "1",
+                                                 "--at-step", "2", *cfg.to_overrides()],
+                      gpus_per_node=2, time="00:05:00", show=False, jobs_dir=tmp_path / "jobs",
+                      output=f"{tmp_path}/logs/%x-%j.out")
+    job = jobs.submit(path)
+    try:
+        assert finished(job) == "FAILED"
+    finally:
+        import subprocess
+
+        subprocess.run(["scancel", job.id], capture_output=True)
+    report = hang.read_report(out)
+    assert report.suspects == [1] and report.rank(1)["phase"] == hang.FROZEN
+    assert report.fr_missing_ranks == [1]

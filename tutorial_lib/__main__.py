@@ -60,6 +60,10 @@ def train(argv: list[str]) -> int:
     args = p.parse_args(argv)
     cfg = load(args.config, args.overrides)  # bad input fails here, before torch is imported
     from . import engine  # imports torch
+    from .lessons import hang as hang_module
+
+    if cfg.parallel == "ddp":  # a hang leaves each rank's record of its collectives in out_dir/flight_recorder
+        hang_module.record_collectives(cfg.out_dir)
 
     started = time.time()
     try:
@@ -349,6 +353,7 @@ def drill(argv: list[str]) -> int:
     cfg = load(args.config, args.overrides)
     from .lessons import hang as hang_module
 
+    hang_module.record_collectives(cfg.out_dir)
     hang_module.rank_main(cfg, args.freeze_rank, args.at_step)
     return 0
 

@@ -44,6 +44,17 @@ def flight_recorder_env(out_dir: str | Path) -> dict:
             "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 
 
+def record_collectives(out_dir: str | Path, environ=None) -> None:
+    """Turn the flight recorder on for a DDP run in `out_dir` (what `python -m tutorial_lib train` does for
+    parallel=ddp, before the process group starts): flight_recorder_env's variables, where not already set
+    (TORCH_FR_BUFFER_SIZE=0 turns it off)."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    for name, value in flight_recorder_env(out_dir).items():
+        environ.setdefault(name, value)
+
+
 # ---------------------------------------------------------------------------------------- on each rank
 class DrillStopped(UserError):
     """The frozen rank was told to stop (torchrun stops every rank once one has failed)."""
