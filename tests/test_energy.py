@@ -153,3 +153,32 @@ def test_a_site_charge_is_checked_with_the_fix(tmp_path, line, message):
 
 def test_site_profiles_without_a_charge_still_load():
     assert all(sites.load_site(name).charge_per_gpu_hour is None for name in sites.site_names())
+
+
+def test_the_counter_is_checked_against_the_gpu_monitors_power_samples(tmp_path):
+    """What the GPU node check does: the job monitor's power.draw (nvidia-smi's CSV, units and all) integrated
+    over the result's timed window, beside the counter's joules."""
+    import time as clock
+
+    start = 1_800_000_000.0
+    lines = ["timestamp, index, name, utilization.gpu [%], utilization.memory [%], memory.used [MiB], "
+             "memory.total [MiB], power.draw [W]"]
+    for k in range(-2, 14):  # a sample a second, 300 W on GPU 0 and 100 W on GPU 1 (idle: not this run's)
+        stamp = clock.strftime("%Y/%m/%d %H:%M:%S", clock.localtime(start + k)) + ".000"
+        lines += [f"{stamp}, 0, NVIDIA H100, 99 %, 40 %, 9000 MiB, 81559 MiB, 300.00 W",
+                  f"{stamp}, 1, NVIDIA H100, 0 %, 0 %, 0 MiB, 81559 MiB, [N/A]"]
+    (tmp_path / "gpu_monitor.csv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "result.json").write_text(json.dumps({"energy_per_gpu_j": [2940.0], "energy_note": None,
+                                                      "energy_window_unix": [start + 0.5, start + 10.5]}))
+    [row] = energy.against_monitor(str(tmp_path))
+    assert row["power_draw_j"] == pytest.approx(3000.0) and row["ratio"] == pytest.approx(0.98)
+    (tmp_path / "result.json").write_text(json.dumps({"energy_per_gpu_j": None, "energy_note": "no GPU: a CPU run",
+                                                      "energy_window_unix": [1.0, 2.0]}))
+    with pytest.raises(energy.NoCounter, match="no GPU"):
+        energy.against_monitor(str(tmp_path))
+
+
+def test_integration_follows_the_line_between_samples():
+    samples = [(0.0, 100.0), (2.0, 300.0), (4.0, 300.0)]
+    assert energy.integrate(samples, 1.0, 4.0) == pytest.approx(250 * 1 + 300 * 2)  # 200..300 W, then 300 W
+    assert energy.integrate(samples, 1.0, 3.0) is None  # one sample inside the window: too few

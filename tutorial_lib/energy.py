@@ -71,10 +71,12 @@ class EnergyMeter:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.marks: dict = {}  # name -> (host seconds, {gpu: mJ}, {gpu: allocations so far})
+        self.wall: dict = {}  # name -> Unix time
         self.note = None if self.cuda else "no GPU: a CPU run has no energy counter"
 
     def mark(self, name: str) -> None:
         now, gpus = time.perf_counter(), range(torch.cuda.device_count()) if self.cuda and not self.note else ()
+        self.wall[name] = time.time()  # the same moment on the wall clock (to line it up with nvidia-smi's samples)
         try:
             self.marks[name] = (now, {i: read_mj(i) for i in gpus}, {i: _allocations(i) for i in gpus})
         except NoCounter as e:
@@ -110,4 +112,50 @@ def fields(meter: EnergyMeter, env: distributed.DistEnv, images_timed: int) -> d
     return dict(gpus=sum(m["gpus"] for m in every), energy_j=energy, energy_per_gpu_j=per_gpu, energy_note=note,
                 joules_per_image=energy / images_timed if energy is not None and images_timed else None,
                 energy_loop_j=None if note else sum(m["loop_j"] for m in every),
-                loop_s=max(seconds) if seconds else None)
+                loop_s=max(seconds) if seconds else None,
+                energy_window_unix=[meter.wall.get("window"), meter.wall.get("end")])
+
+
+def against_monitor(out_dir: str, gpus: list[int] | None = None) -> list[dict]:
+    """A check of the energy counter: per GPU, the run's timed-window energy (result.json) beside the integral of
+    the power.draw samples of the job's GPU monitor (<out_dir>/gpu_monitor.csv: a job with gpu_monitor=, or
+    nvidia-smi run by hand with the same --query-gpu and --format=csv) over the same window, and their ratio.
+    `gpus`: the monitor's GPU indexes that ran the ranks, in rank order (default 0..gpus-1)."""
+    import csv
+    import json
+    from datetime import datetime
+    from pathlib import Path
+
+    result = json.loads((Path(out_dir) / "result.json").read_text())
+    t0, t1 = result.get("energy_window_unix") or (None, None)
+    if result.get("energy_per_gpu_j") is None or t0 is None:
+        raise NoCounter(f"{out_dir}/result.json has no energy: {result.get('energy_note')}")
+    samples: dict = {}
+    with open(Path(out_dir) / "gpu_monitor.csv") as f:
+        for row in csv.DictReader(f, skipinitialspace=True):
+            when = datetime.strptime(row["timestamp"], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            watts = row.get("power.draw [W]", "").split(" ")[0]
+            if watts.replace(".", "", 1).isdigit():
+                samples.setdefault(int(row["index"]), []).append((when, float(watts)))
+    out = []
+    for rank, (gpu, nvml) in enumerate(zip(gpus or range(len(result["energy_per_gpu_j"])),
+                                           result["energy_per_gpu_j"])):
+        smi = integrate(sorted(samples.get(gpu, [])), t0, t1)
+        out.append({"rank": rank, "gpu": gpu, "nvml_j": nvml, "power_draw_j": smi, "window_s": t1 - t0,
+                    "ratio": None if not smi else nvml / smi})
+    return out
+
+
+def integrate(samples: list[tuple[float, float]], t0: float, t1: float) -> float | None:
+    """The integral over [t0, t1] of the line through (time, watts) samples, in joules; None with fewer than
+    two samples inside the window."""
+    if sum(t0 <= t <= t1 for t, _ in samples) < 2:
+        return None
+
+    def at(t):  # watts at time t, on the line between the samples around it
+        before = [s for s in samples if s[0] <= t][-1:] or samples[:1]
+        after = [s for s in samples if s[0] >= t][:1] or samples[-1:]
+        (ta, wa), (tb, wb) = before[0], after[0]
+        return wa if tb == ta else wa + (wb - wa) * (t - ta) / (tb - ta)
+    points = [(t0, at(t0))] + [s for s in samples if t0 < s[0] < t1] + [(t1, at(t1))]
+    return sum((tb - ta) * (wa + wb) / 2 for (ta, wa), (tb, wb) in zip(points, points[1:]))

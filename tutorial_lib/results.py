@@ -50,6 +50,7 @@ class Result:
     joules_per_image: float | None = None  # energy_j / the images of the timed window
     energy_loop_j: float | None = None  # from the first step to the end of the loop (warm-up, validation included)
     loop_s: float | None = None  # host seconds of that loop
+    energy_window_unix: list | None = None  # [start, end] of the timed window's energy, Unix time (rank 0)
     gpu_hours: float | None = None  # gpus x wall_time_s
     gpu_hours_timed: float | None = None  # gpus x the timed seconds (of the slowest rank)
     gpu_hours_to_target: float | None = None  # stopped by target_accuracy: gpus x the loop's seconds to it
