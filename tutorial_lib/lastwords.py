@@ -69,8 +69,11 @@ def failed(what: str, error: BaseException | str, silent: list[int] | None = Non
     NOW.failure = {"in": NOW.raised_in[0] if NOW.raised_in else where(), "collective": what, "error": first,
                    "silent_ranks": silent}
     for recorder in _ACTIVE:
-        recorder.write("failed")
-        recorder.dump(ask_others=True)
+        try:
+            recorder.write("failed")
+            recorder.dump(ask_others=True)
+        except Exception:  # noqa: BLE001  the collective's own error matters more than its last words
+            pass
 
 
 class Recorder:
@@ -130,12 +133,18 @@ class Recorder:
     def __enter__(self) -> "Recorder":
         NOW.stack.clear()
         NOW.raised_in = NOW.failure = None
-        self.write("starting")
+        try:
+            self.write("starting")
+        except Exception:  # noqa: BLE001  a full disk: no last words, and the run's own error says why
+            self.folder.rmdir() if not any(self.folder.iterdir()) else None
+            return self
         _ACTIVE.append(self)
         self.thread.start()
         return self
 
     def __exit__(self, kind, value, tb) -> None:
+        if self not in _ACTIVE:
+            return
         self.stop.set()
         self.thread.join()
         _ACTIVE.remove(self)
