@@ -205,7 +205,8 @@ def _read_flight_recorder(report: HangReport, folder: Path, world_size: int) -> 
     words = ["--allow-incomplete-ranks"] if len(dumps) < world_size else []
     run = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder), "-p",
                           FR_PREFIX, *words], capture_output=True, text=True, timeout=120)
-    said = [l for l in (run.stdout + run.stderr).splitlines() if l.strip() and "tabulate is not installed" not in l]
+    said = [_short_path(l) for l in (run.stdout + run.stderr).splitlines()
+            if l.strip() and "tabulate is not installed" not in l]
     report.flight_recorder = "\n".join(said[:20]) or "(the reader found every collective joined by every rank)"
     text = "\n".join(said)
     missing = re.search(r"missing ranks: \{([\d, ]*)\}", text)
@@ -214,6 +215,13 @@ def _read_flight_recorder(report: HangReport, folder: Path, world_size: int) -> 
         op = re.search(r"collective: (\S+)", text)
         seq = re.search(r"sequence number: (\d+)", text)
         report.fr_collective = f"{op.group(1) if op else 'a collective'} (sequence number {seq.group(1) if seq else '?'})"
+
+
+def _short_path(line: str) -> str:
+    """A stack frame's file as a reader wants it: from the package (site-packages/...) or the workbook's root."""
+    from ..config import ROOT
+
+    return re.sub(r"\S*/site-packages/", "", line.replace(f"{ROOT}/", ""))
 
 
 def commands(report: HangReport) -> list[str]:
