@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from . import reference, sites
+from . import numa, reference, sites
 from .config import ROOT, UserError, default_workers, usable_cpus
 from .sitecheck import SITE_CHECKS, Check, SiteFacts, shown as _shown
 from .sitecheck import run_command as _run
@@ -431,7 +431,7 @@ def _readable(path: Path) -> bool:
 
 # ---------------------------------------------------------------------------------------- running them
 CHECKS = (check_python, check_packages, check_kernel, check_gpus, check_driver, check_bf16, check_nccl,
-          check_cpus, check_shm, check_disk, check_datasets, *SITE_CHECKS)
+          check_cpus, numa.check_numa, check_shm, check_disk, check_datasets, *SITE_CHECKS)
 
 
 def check_options(opts: Options) -> None:
