@@ -97,8 +97,8 @@ def verdict(places: list[GpuPlace], mine: frozenset, gpu: int | None, environ=os
     nodes = {p.numa_node for p in places if p.numa_node is not None}
     text = f"{where}. This process: CPUs {_ranges(mine)}, binding {binding(environ)}"
     place = next((p for p in places if p.gpu == gpu), None)
-    fix = ("bind each rank to its GPU's NUMA node: srun --cpu-bind=... (the site's advice) or torchrun "
-           "--numa-binding=node (torch >= 2.8); see the site profile's launcher")
+    fix = ("bind each rank to its GPU's NUMA node: srun --cpu-bind=... as your site advises, or torchrun "
+           "--numa-binding=node where your torch has it (torchrun --help lists it)")
     if not places:
         return "SKIP", "no GPU topology (no nvidia-smi topo -m, no /sys entry)", ""
     if len(nodes) <= 1:
