@@ -53,6 +53,10 @@ def record_collectives(out_dir: str | Path, environ=None) -> None:
     environ = os.environ if environ is None else environ
     for name, value in flight_recorder_env(out_dir).items():
         environ.setdefault(name, value)
+    try:  # NCCL writes its dumps into this folder but does not make it
+        (Path(out_dir) / "flight_recorder").mkdir(parents=True, exist_ok=True)
+    except OSError:  # the run itself says why it can't write there
+        pass
 
 
 # ---------------------------------------------------------------------------------------- on each rank
@@ -199,8 +203,8 @@ def read_report(out_dir: str | Path) -> HangReport:
 def _read_flight_recorder(report: HangReport, folder: Path, world_size: int) -> None:
     dumps = sorted(p for p in folder.glob(f"{FR_PREFIX}*") if p.name[len(FR_PREFIX):].isdigit())
     if not dumps:
-        report.flight_recorder = (f"no dumps in {folder}: the flight recorder was off (set the variables of "
-                                  "tl.hang.flight_recorder_env before the run starts)")
+        report.flight_recorder = (f"no dumps in {folder}: no collective timed out, or the flight recorder was "
+                                  "off (set the variables of tl.hang.flight_recorder_env before the run starts)")
         return
     words = ["--allow-incomplete-ranks"] if len(dumps) < world_size else []
     run = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder), "-p",
