@@ -1,4 +1,4 @@
-"""The whole command line: python -m tutorial_lib {train,bench,ladder,study,data,jobs,doctor} ...
+"""The whole command line: python -m tutorial_lib {train,bench,ladder,study,data,jobs,doctor,hang} ...
 
     python -m tutorial_lib train dataset=shapes model=resnet18 steps=40 batch_size=32 out_dir=runs/demo
     python -m tutorial_lib train --config configs/baseline.yaml precision=bf16
@@ -11,6 +11,7 @@
     python -m tutorial_lib jobs render --site generic --name demo steps=100
     python -m tutorial_lib jobs submit jobs/demo.sbatch --wait
     python -m tutorial_lib doctor                                       # the workshop pre-flight
+    python -m tutorial_lib hang runs/my_job                             # a hung run: which rank, which collective
 
 Each subcommand is one function below, calling the module that does the work, so "go to definition" from here
 lands in the right file. The torch-free modules are imported here at the top; a module that imports torch is
@@ -59,6 +60,10 @@ def train(argv: list[str]) -> int:
     args = p.parse_args(argv)
     cfg = load(args.config, args.overrides)  # bad input fails here, before torch is imported
     from . import engine  # imports torch
+    from .lessons import hang as hang_module
+
+    if cfg.parallel == "ddp":  # a hang leaves each rank's record of its collectives in out_dir/flight_recorder
+        hang_module.record_collectives(cfg.out_dir)
 
     started = time.time()
     try:
@@ -322,9 +327,38 @@ def doctor(argv: list[str]) -> int:
     return doctor_module.cli(argv)
 
 
+# ---------------------------------------------------------------------------------------------- hang
+def hang(argv: list[str]) -> int:
+    """`hang OUT_DIR`: the diagnosis of a run that hung or failed in a collective (lessons/hang.py)."""
+    p = argparse.ArgumentParser(prog="python -m tutorial_lib hang", description="Which rank stopped and which "
+                                "collective the others waited in: the ranks' last words and the flight recorder.")
+    p.add_argument("out_dir", help="the run's out_dir (it holds ranks/rank<R>.json)")
+    args = p.parse_args(argv)
+    from .lessons import hang as hang_module
+
+    print(hang_module.read_report(args.out_dir))
+    return 0
+
+
+def drill(argv: list[str]) -> int:
+    """`drill --freeze-rank R --at-step S key=value ...`: one rank of the hang drill (tl.hang.drill starts them)."""
+    p = _parser("python -m tutorial_lib drill", "One rank of notebook 05's hang drill: train, rank R frozen "
+                "before step S (start it with torchrun; tl.hang.drill does).")
+    p.add_argument("--freeze-rank", type=int, default=1)
+    p.add_argument("--at-step", type=int, default=3)
+    _config_args(p)
+    args = p.parse_args(argv)
+    cfg = load(args.config, args.overrides)
+    from .lessons import hang as hang_module
+
+    hang_module.record_collectives(cfg.out_dir)
+    hang_module.rank_main(cfg, args.freeze_rank, args.at_step)
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------- main
 COMMANDS = {"train": train, "bench": bench, "ladder": ladder, "study": study, "data": data, "jobs": jobs,
-            "doctor": doctor}
+            "doctor": doctor, "hang": hang, "drill": drill}
 
 
 def main(argv: list[str] | None = None) -> int:

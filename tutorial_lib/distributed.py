@@ -15,6 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from . import lastwords
 from ._gloo_exit import hand_over
 from .config import ConfigError, UserError
 
@@ -146,7 +147,9 @@ def collective(name: str, env: DistEnv):
     except RuntimeError as e:
         if not (env.distributed and is_comm_error(e)):
             raise
+        lastwords.failed(name, e)  # this rank's last words (and, gloo, the flight recorder's dumps) at once
         silent = _silent_ranks(env)
+        lastwords.NOW.failure["silent_ranks"] = silent
         who = (f"rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} did not answer" if silent
                else "another rank did not answer")
         raise UserError(f"rank {env.rank}: {name} failed: {who} within dist_timeout_s={env.timeout_s} s (stalled, "
@@ -176,7 +179,7 @@ def all_gather(value, env: DistEnv) -> list:
     data = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8)
     size = torch.tensor([data.numel()], dtype=torch.long, device=_device(env))
     sizes = [torch.zeros_like(size) for _ in range(env.world_size)]
-    with collective("all_gather", env):
+    with collective("all_gather", env), lastwords.phase("all_gather"):
         done = hand_over(env.backend, "all_gather sizes", size, *sizes)
         dist.all_gather(sizes, size)
         done()
@@ -193,7 +196,7 @@ def all_gather(value, env: DistEnv) -> list:
 def all_reduce(t: torch.Tensor, env: DistEnv, name: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
     """All-reduce `t` in place over the ranks (a `collective` error naming the silent ranks)."""
     done = hand_over(env.backend, name, t)
-    with collective(name, env):
+    with collective(name, env), lastwords.phase(name):
         dist.all_reduce(t, op=op)
     done()
     return t
@@ -328,7 +331,8 @@ class StopVote:
         """Wait for the vote cast last (and, with gloo, for its worker to let go of it); its answer."""
         host, ready, let_go = self.pending
         self.pending = None
-        ready.synchronize() if isinstance(ready, torch.cuda.Event) else ready.wait()
+        with lastwords.phase("stop vote (all_reduce)"):
+            ready.synchronize() if isinstance(ready, torch.cuda.Event) else ready.wait()
         del ready  # gloo: the work, whose last reference the worker must not be left holding
         let_go()
         return host

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from . import sites
+from . import numa, sites
 from .config import ROOT, UserError, default_workers, usable_cpus
 from .gpucheck import (GpuFacts, allreduce, check_bf16, check_driver, check_gpus, check_nccl,  # noqa: F401
                        save)  # doctor.check_gpus, doctor.allreduce, ...: the GPU lines live in gpucheck.py
@@ -258,7 +258,7 @@ def _readable(path: Path) -> bool:
 
 # ---------------------------------------------------------------------------------------- running them
 CHECKS = (check_python, check_packages, check_kernel, check_gpus, check_driver, check_bf16, check_nccl,
-          check_cpus, check_shm, check_disk, check_datasets, *SITE_CHECKS)
+          check_cpus, numa.check_numa, check_shm, check_disk, check_datasets, *SITE_CHECKS)
 
 
 def check_options(opts: Options) -> None:

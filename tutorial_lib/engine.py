@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from tqdm import tqdm
 
-from . import buckets, data, distributed, models, peaks, profiling, stepgraph, tensorboard
+from . import buckets, data, distributed, lastwords, models, peaks, profiling, stepgraph, tensorboard
 from .meters import COMPILE_WARMUP, LossLog, StepClock, check_timed, timing_fields, untimed_steps  # noqa: F401
 from .precision import (SkippedSteps, autocast, backend_flags, grad_scaler, set_cudnn_benchmark,  # noqa: F401
                         set_precision_flags)  # tl.engine.set_precision_flags: notebook 01
@@ -457,8 +457,9 @@ def prepared_run(cfg: TrainConfig):
                 run = Run(cfg, env)
                 early.hand_over(run)
                 try:
-                    yield run
-                    distributed.barrier(env, "the end of the run")  # no rank tears down while another still talks
+                    with lastwords.Recorder(run.out / "ranks", env, run):  # each rank's step and phase, for a hang
+                        yield run
+                        distributed.barrier(env, "the end of the run")  # no rank tears down while another talks
                 finally:  # a live graph holding NCCL calls makes destroy_process_group hang (pytorch#115388)
                     if run.graphed is not None:
                         run.graphed.release()

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import torch
 
-from . import distributed, stepgraph
+from . import distributed, energy, stepgraph
 from .config import ConfigError, TrainConfig
 
 COMPILE_WARMUP = 3  # untimed steps at least, with compile=true: step 1 compiles, reduce-overhead records graphs in 2-3
@@ -55,7 +55,8 @@ def timing_fields(clock: "StepClock", batch_size: int, env: distributed.DistEnv)
                       "slowest_rank_total_s": totals[slowest]},
         data_wait_ms=1000 * waited / len(waits) if waits else 0.0,
         data_wait_fraction=waited / total if total else nan,
-        host_parts_ms=PARTS.per_step_ms(clock.timed_steps) if clock.parts and clock.timed_steps else None)
+        host_parts_ms=PARTS.per_step_ms(clock.timed_steps) if clock.parts and clock.timed_steps else None,
+        **energy.fields(clock.energy, env, batch_size * env.world_size * len(clock.step_times_ms())))
 
 
 class LossLog:
@@ -168,6 +169,7 @@ class StepClock:
         prior = prior or {}  # what a run timed before it was stopped and resumed (its checkpoint keeps it)
         self.prior_ms: list[float] = list(prior.get("times", []))
         self.prior_waits: list[float] = list(prior.get("waits", []))
+        self.energy = energy.EnergyMeter(device)  # the GPUs' energy counters at the start, the window, the end
 
     def carried(self) -> dict:
         """Every step time (ms) and data wait (s) so far, the prior ones included: what a checkpoint keeps."""
@@ -183,10 +185,12 @@ class StepClock:
     def start(self) -> None:
         """Before the first step: with no warm-up the first timed step starts here."""
         self._t0 = time.perf_counter()
+        self.energy.mark("loop")
         if self.warmup == 0:
             self.marks.append(self._mark())
             self.tick_marks.append(0)
             PARTS.reset()
+            self.energy.mark("window")
 
     def data_wait(self, seconds: float) -> None:
         """The step about to run waited `seconds` for its batch (counted once the warm-up is over)."""
@@ -203,6 +207,7 @@ class StepClock:
             self.tick_marks.append(len(self.marks) - 1)
             if self.steps == self.warmup:
                 PARTS.reset()  # time_parts: the phases are summed from the first timed step on
+                self.energy.mark("window")
             else:
                 PARTS.tick()
         if self.time_first and self.steps == 1:

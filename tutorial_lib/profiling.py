@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from line_profiler import LineProfiler
 
-from . import tensorboard
+from . import lastwords, tensorboard
 from .config import ConfigError, UserError
 from .meters import PARTS
 
@@ -137,9 +137,11 @@ def nvtx_range(name: str, enabled: bool):
 
     An NVTX range (seen by `nsys profile --trace=cuda,nvtx`) when `enabled` and CUDA is present; while
     torch.profiler records, a record_function range of the same name, which summarize() uses to split the
-    step; with time_parts=true, its host time (meters.HostParts). Each costs nothing when off.
+    step; with time_parts=true, its host time (meters.HostParts). Each costs nothing when off. Always: the
+    phase this rank is in, for its last words (lastwords.py).
     """
     stack = ExitStack()
+    stack.enter_context(lastwords.phase(name))  # the rank's last words say which phase it is in (a hang)
     if PARTS.enabled:  # time_parts=true: its host time
         stack.enter_context(PARTS.part(name))
     if enabled and torch.cuda.is_available():

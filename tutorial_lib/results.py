@@ -42,6 +42,23 @@ class Result:
     val_history: list = field(default_factory=list)  # [step, training seconds, val accuracy] per eval_every
     host_parts_ms: dict | None = None  # time_parts=true: host ms per timed step of each labelled phase, and "step"
     stopped_by: str | None = None  # why the run ended: steps (its length), target_accuracy or patience
+    # What the run cost (energy.py; the GPU-hours are worked out from the fields above: costs below)
+    gpus: int | None = None  # GPUs the run used (0 on a CPU; every GPU of a DataParallel run)
+    energy_j: float | None = None  # the timed window's energy, all GPUs (NVML's counter); null: energy_note says why
+    energy_per_gpu_j: list | None = None  # the same, per GPU
+    energy_note: str | None = None  # why there is no energy figure (a CPU run, no NVML, no counter on this GPU)
+    joules_per_image: float | None = None  # energy_j / the images of the timed window
+    energy_loop_j: float | None = None  # from the first step to the end of the loop (warm-up, validation included)
+    loop_s: float | None = None  # host seconds of that loop
+    energy_window_unix: list | None = None  # [start, end] of the timed window's energy, Unix time (rank 0)
+    gpu_hours: float | None = None  # gpus x wall_time_s
+    gpu_hours_timed: float | None = None  # gpus x the timed seconds (of the slowest rank)
+    gpu_hours_to_target: float | None = None  # stopped by target_accuracy: gpus x the loop's seconds to it
+    kwh_to_target: float | None = None  # and the loop's energy to it, in kWh
+
+    def __post_init__(self):
+        if self.gpus is not None:
+            self.__dict__.update(costs(self))
 
     def summary(self) -> str:
         acc = "n/a" if self.val_accuracy is None else f"{100 * self.val_accuracy:.1f}%"
@@ -67,6 +84,18 @@ class Result:
 
     def save(self, out_dir: str | os.PathLike) -> Path:
         return atomic_write_text(Path(out_dir) / "result.json", json.dumps(_finite(asdict(self)), indent=1))
+
+
+def costs(r: Result) -> dict:
+    """GPU-hours from a Result's own fields: GPUs x wall time, GPUs x the timed seconds; and for a run stopped by
+    its target_accuracy (not resumed: its loop is the whole run), GPU-hours and kWh from the loop's start to the
+    validation pass that reached it (validation passes are billed too)."""
+    hours = lambda seconds: None if seconds is None else round(r.gpus * seconds / 3600, 6)  # noqa: E731
+    timed = (r.step_time_ms or {}).get("slowest_rank_total_s")
+    reached = r.stopped_by == "target_accuracy" and r.resumed_from_step is None
+    return {"gpu_hours": hours(r.wall_time_s), "gpu_hours_timed": hours(timed),
+            "gpu_hours_to_target": hours(r.loop_s) if reached else None,
+            "kwh_to_target": r.energy_loop_j / 3.6e6 if reached and r.energy_loop_j is not None else None}
 
 
 def _finite(value):

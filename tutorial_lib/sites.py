@@ -97,6 +97,11 @@ class Site:
     shell: str
     setup: str
     launcher: str
+    charge_per_gpu_hour: float | None = None  # optional: what one GPU-hour costs here (the ledger's cost column)
+    charge_unit: str = "GPU-hours"  # optional: the unit of that charge, e.g. EUR, "core-hours", "allocation units"
+
+
+OPTIONAL_KEYS = ("charge_per_gpu_hour", "charge_unit")  # a profile may leave these out
 
 
 def site_names() -> list[str]:
@@ -120,7 +125,7 @@ def load_site(name: str | os.PathLike | None = None) -> Site:
         raise UserError(f"site profile {path} must be a mapping of `key: value` lines, not a "
                         f"{type(values).__name__}; compare it with tutorial_lib/sites/generic.yaml")
     known = {f.name for f in fields(Site)} - {"name"}
-    unknown, missing = sorted(set(values) - known), sorted(known - set(values))
+    unknown, missing = sorted(set(values) - known), sorted(known - set(values) - set(OPTIONAL_KEYS))
     if unknown or missing:
         raise UserError(f"site profile {path}: " + (f"unknown key {unknown[0]!r}; " if unknown else "")
                         + (f"missing {', '.join(missing)}; " if missing else "")
@@ -140,6 +145,7 @@ def _check_site(site: Site, path: Path) -> Site:
         if not isinstance(site.setup, str):  # shell lines by design, pasted into the job as they are
             raise UserError(f"setup={site.setup!r} must be text: write its shell lines as a YAML block "
                             "(setup: | and the lines indented below it)")
+        _check_charge(site)
         if site.gpu_request not in GPU_REQUESTS:
             raise UserError(f"gpu_request={site.gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
         for key in ("gpus_per_node", "cpus_per_gpu", "max_nodes"):
@@ -159,6 +165,16 @@ def _check_site(site: Site, path: Path) -> Site:
     except UserError as e:
         raise UserError(where + str(e)) from None
     return site
+
+
+def _check_charge(site: Site) -> None:
+    charge = site.charge_per_gpu_hour
+    if charge is not None and (isinstance(charge, bool) or not isinstance(charge, (int, float)) or charge < 0):
+        raise UserError(f"charge_per_gpu_hour={charge!r} must be a number >= 0 (what one GPU-hour costs, in "
+                        "charge_unit), or null")
+    if not isinstance(site.charge_unit, str) or not site.charge_unit.strip():
+        raise UserError(f"charge_unit={site.charge_unit!r} must be text, e.g. EUR or \"allocation units\"")
+    check_one_line("charge_unit", site.charge_unit)
 
 
 def check_slurm_words(r) -> None:

@@ -33,7 +33,9 @@ LR_RULES = ("none", "linear", "sqrt")
 HELD_FIXED = ("dataset", "model", "optimizer", "precision", "channels_last", "compile", "compile_mode", "cuda_graph",
               "loader", "augment", "num_workers", "pin_memory", "cudnn_benchmark", "train_size")
 LEDGER_COLUMNS = ("run", "device", "gpus", "batch_per_gpu", "global_batch", "precision", "traced",
-                  "throughput_img_s", "step_ms", "val_accuracy", "steps", "lr", "warmup_steps", "seconds")
+                  "throughput_img_s", "step_ms", "val_accuracy", "steps", "lr", "warmup_steps", "seconds",
+                  "gpu_hours", "energy_kj", "j_per_image", "gpu_hours_to_target", "kwh_to_target")
+COST_COLUMNS = ("cost", "cost_unit")  # with a site profile that names a charge per GPU-hour
 
 
 # ---------------------------------------------------------------------------------------- sweeps
@@ -394,41 +396,59 @@ def ledger(folder: str | os.PathLike) -> list[dict]:
     return rows
 
 
-def ledger_row(r: dict) -> dict:
-    """The flat columns of one result (LEDGER_COLUMNS)."""
-    c = r["config"]
-    return {"run": r.get("run", c["out_dir"]), "device": r["device"], "gpus": r["world_size"],  # DataParallel: 1
-            "batch_per_gpu": r["global_batch"] // r["world_size"], "global_batch": r["global_batch"],
-            "precision": c["precision"], "traced": c.get("profile", False),
-            "throughput_img_s": _round(r["throughput_img_s"], 1),
-            "step_ms": _round(r["step_time_ms"]["median"], 2), "val_accuracy": r["val_accuracy"],
-            "steps": r["steps"], "lr": c["lr"], "warmup_steps": c["warmup_steps"],
-            "seconds": round(r["wall_time_s"], 1)}
+def ledger_row(r: dict, site=None) -> dict:
+    """The flat columns of one result (LEDGER_COLUMNS; and COST_COLUMNS when `site`, a sites.Site, names a charge
+    per GPU-hour). What the run cost: GPU-hours (GPUs x wall time), the timed window's energy and joules per
+    image (null where the run had no energy counter: its energy_note says why), and to its target accuracy."""
+    c, energy = r["config"], r.get("energy_j")
+    row = {"run": r.get("run", c["out_dir"]), "device": r["device"], "gpus": r["world_size"],  # DataParallel: 1
+           "batch_per_gpu": r["global_batch"] // r["world_size"], "global_batch": r["global_batch"],
+           "precision": c["precision"], "traced": c.get("profile", False),
+           "throughput_img_s": _round(r["throughput_img_s"], 1),
+           "step_ms": _round(r["step_time_ms"]["median"], 2), "val_accuracy": r["val_accuracy"],
+           "steps": r["steps"], "lr": c["lr"], "warmup_steps": c["warmup_steps"],
+           "seconds": round(r["wall_time_s"], 1), "gpu_hours": _round(r.get("gpu_hours"), 5),
+           "energy_kj": None if energy is None else round(energy / 1000, 3),
+           "j_per_image": _round(r.get("joules_per_image"), 4),
+           "gpu_hours_to_target": _round(r.get("gpu_hours_to_target"), 5),
+           "kwh_to_target": _round(r.get("kwh_to_target"), 6)}
+    if charged(site):
+        hours = r.get("gpu_hours")
+        row.update(cost=None if hours is None else round(hours * site.charge_per_gpu_hour, 4),
+                   cost_unit=site.charge_unit)
+    return row
+
+
+def charged(site) -> bool:
+    return site is not None and getattr(site, "charge_per_gpu_hour", None) is not None
 
 
 def _round(v, digits):
     return None if v is None else round(v, digits)  # a run stopped before its first timed step has no median
 
 
-def write_csv(rows: list[dict], path: str | os.PathLike) -> Path:
-    """The ledger as a CSV file (one line per run), for a spreadsheet or pandas."""
+def write_csv(rows: list[dict], path: str | os.PathLike, site=None) -> Path:
+    """The ledger as a CSV file (one line per run), for a spreadsheet or pandas; `site`: see ledger_row."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=LEDGER_COLUMNS)
+        w = csv.DictWriter(f, fieldnames=LEDGER_COLUMNS + (COST_COLUMNS if charged(site) else ()))
         w.writeheader()
-        w.writerows(ledger_row(r) for r in rows)
+        w.writerows(ledger_row(r, site) for r in rows)
     return path
 
 
-def markdown_table(rows: list[dict], root: str | os.PathLike | None = None) -> str:
-    """The ledger as a Markdown table (`root`: the folder it was read from, shown in front of each run's folder)."""
-    lines = ["| " + " | ".join(LEDGER_COLUMNS) + " |", "|" + " --- |" * len(LEDGER_COLUMNS)]
+def markdown_table(rows: list[dict], root: str | os.PathLike | None = None, site=None) -> str:
+    """The ledger as a Markdown table (`root`: the folder it was read from, shown in front of each run's folder;
+    `site`: a sites.Site whose charge per GPU-hour gives a cost column, in its unit)."""
+    columns = LEDGER_COLUMNS + (("cost",) if charged(site) else ())
+    head = [f"cost ({site.charge_unit})" if k == "cost" else k for k in columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(columns)]
     for r in rows:
-        row = ledger_row(r)
+        row = ledger_row(r, site)
         if root is not None:
             row["run"] = f"{Path(root).as_posix()}/{row['run']}"
-        lines.append("| " + " | ".join(_cell(row[k]) for k in LEDGER_COLUMNS) + " |")
+        lines.append("| " + " | ".join(_cell(row[k]) for k in columns) + " |")
     return "\n".join(lines)
 
 

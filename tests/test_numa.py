@@ -1,0 +1,69 @@
+"""The doctor's `numa` line (tutorial_lib/numa.py): each GPU's NUMA node and nearby CPUs read from `nvidia-smi topo
+-m` (a fixture from a 4-GPU, 2-socket node) or /sys, this process's CPUs against its GPU's, and a warning when
+they are far apart or unbound."""
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import ROOT
+from tutorial_lib import doctor, numa
+
+TOPO = (ROOT / "tests" / "fixtures" / "nvidia_smi_topo_4gpu_2numa.txt").read_text()
+NODE0, NODE1 = numa.cpu_list("0-47,96-143"), numa.cpu_list("48-95,144-191")
+
+
+def test_topo_gives_each_gpus_numa_node_and_cpus():
+    places = numa.from_topo(TOPO)
+    assert [(p.gpu, p.numa_node) for p in places] == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    assert places[2].cpus == NODE1 and len(places[0].cpus) == 96
+    assert numa.from_topo("nvidia-smi: command failed\n") == []
+
+
+@pytest.mark.parametrize("mine,gpu,status,said", [
+    (NODE1, 2, "PASS", "all on GPU 2's NUMA node 1"),
+    (numa.cpu_list("48-59"), 3, "PASS", "all on GPU 3's NUMA node 1"),  # a share of the node: srun --cpu-bind
+    (NODE0, 3, "WARN", "96 of its CPUs are far from GPU 3 (NUMA node 1)"),
+    (NODE0 | NODE1, 0, "WARN", "not bound (it may run on any CPU, 96 of them far from GPU 0)")])
+def test_the_binding_is_judged_against_the_gpus_numa_node(mine, gpu, status, said):
+    got, message, fix = numa.verdict(numa.from_topo(TOPO), mine, gpu, environ={"SLURM_CPU_BIND_TYPE": "mask_cpu:"})
+    assert got == status and said in message and "binding SLURM_CPU_BIND_TYPE=mask_cpu:" in message
+    assert "GPU 2: NUMA node 1, CPUs 48-95,144-191" in message
+    assert ("--cpu-bind" in fix) == (status == "WARN")
+
+
+def test_one_numa_node_needs_no_binding():
+    places = [numa.GpuPlace(0, 0, numa.cpu_list("0-7")), numa.GpuPlace(1, 0, numa.cpu_list("0-7"))]
+    assert numa.verdict(places, numa.cpu_list("0-7"), 1, environ={})[0] == "PASS"
+    assert numa.verdict([], numa.cpu_list("0-7"), 0, environ={})[0] == "SKIP"
+
+
+def test_sysfs_gives_the_same_places_from_the_gpus_bus_ids(tmp_path):
+    for bus, node, cpus in (("0000:18:00.0", "0", "0-47,96-143"), ("0000:9a:00.0", "1", "48-95,144-191")):
+        device = tmp_path / "bus" / "pci" / "devices" / bus
+        device.mkdir(parents=True)
+        (device / "numa_node").write_text(node + "\n")
+        (device / "local_cpulist").write_text(cpus + "\n")
+    places = numa.from_sysfs(["00000000:18:00.0", "00000000:9A:00.0", "00000000:FF:00.0"], tmp_path)
+    assert [(p.gpu, p.numa_node, p.cpus == c) for p, c in zip(places, (NODE0, NODE1))] == [(0, 0, True), (1, 1, True)]
+
+
+@pytest.mark.parametrize("environ,gpu", [({"LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "2,3"}, 3),
+                                         ({"SLURM_LOCALID": "0", "CUDA_VISIBLE_DEVICES": "1"}, 1),
+                                         ({"LOCAL_RANK": "2"}, 2), ({"CUDA_VISIBLE_DEVICES": "GPU-8c1e"}, None)])
+def test_a_rank_finds_its_gpu_from_its_local_rank(environ, gpu):
+    assert numa.my_gpu(environ) == gpu
+
+
+def test_the_doctor_reports_the_numa_line_from_nvidia_smi(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nprint(open({str(ROOT / 'tests/fixtures/nvidia_smi_topo_4gpu_2numa.txt')!r}).read())\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(NODE0), raising=False)
+    check = numa.check_numa(SimpleNamespace(opts=doctor.Options()))
+    assert (check.name, check.status) == ("numa", "WARN") and "far from GPU 2 (NUMA node 1)" in check.message
+    assert numa.check_numa in doctor.CHECKS
