@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -74,6 +75,8 @@ def _import(module_name: str, what: str):
 
 def spec_of(obj: Any) -> str | None:
     """'module:qualname' of a function or class defined at the top of an importable module; None otherwise."""
+    if not (inspect.isfunction(obj) or inspect.isclass(obj)):  # a partial, a lambda's closure, an instance
+        return None
     module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
     if not module or not name or "<" in name or module == "__main__" or module.startswith("_card_"):
         return None

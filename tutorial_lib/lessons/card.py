@@ -80,7 +80,7 @@ def card(model: Any, batch: Any = None, loss: Any = None, *, small: bool | None 
     cfg = cfg.replace(batch_size=probe["batch"], num_workers=probe["workers"], out_dir=str(out / "runs"))
     bench_result = measure_bench(parts, cfg, sizes)
     say(bench_result.summary().replace("img/s", "samples/s"))
-    plan = rung_plan(cfg, probe, _names(opts.get("rungs")), bool(opts.get("compile_on_cpu")))
+    plan = rung_plan(cfg, probe, opts.get("rungs"), opts.get("compile_on_cpu", False))
     rows = measure_rungs(parts, plan, sizes, say)
     rec = recommend(rows, plan)
     memory = largest_batch(parts, rec["config"], probe, sizes.batch_cap)
@@ -108,6 +108,9 @@ def split_overrides(overrides: dict) -> tuple[dict, TrainConfig]:
     opts = {k: v for k, v in overrides.items() if k in CARD_KEYS}
     base = {"eval": False, "tensorboard": False, "progress": False, "resume": False, "optimizer_impl": "foreach"}
     cfg = load(None, {**base, **{k: v for k, v in overrides.items() if k not in CARD_KEYS}})
+    opts["rungs"] = _names(opts.get("rungs"))
+    if "compile_on_cpu" in opts:
+        opts["compile_on_cpu"] = load(None, {"compile": opts["compile_on_cpu"]}).compile  # true/false as TrainConfig reads
     for key in ("steps", "window", "warmup", "job_steps"):
         if key in opts and not (str(opts[key]).isdigit() and int(opts[key]) > (key == "warmup") - 1):
             raise UserError(f"{key}={opts[key]!r} must be a whole number{' >= 0' if key == 'warmup' else ' > 0'}")
@@ -144,7 +147,8 @@ def user_parts(model: Any, batch: Any, loss: Any) -> tuple[ownmodel.Parts, dict]
         factory = lambda: copy.deepcopy(instance)  # noqa: E731  (every run starts from the same weights)
         model_spec = None
     elif callable(model):
-        factory, name = model, getattr(model, "__name__", type(model).__name__)
+        named = getattr(model, "func", model)  # functools.partial(torchvision.models.resnet50, num_classes=10)
+        factory, name = model, getattr(named, "__name__", type(named).__name__)
     else:
         raise UserError(f"model is a {type(model).__name__}; give an nn.Module, a function or class that builds "
                         "one, or 'MODULE:FUNCTION'")
@@ -190,11 +194,15 @@ def probe_model(parts: ownmodel.Parts, cfg: TrainConfig) -> dict:
 
     device = engine.distributed.pick_device(cfg.device)
     inp = ownmodel.UserInput(parts.source, cfg.batch_size, 0, False)
-    x, y = next(inp.epoch(0))
+    batches = inp.epoch(0)
+    x, y = next(batches)
+    for _ in range(min(2, inp.steps_per_epoch - 1)):  # shapes that vary show in the first batches: say so now
+        next(batches)
+    batches.close()
     model = ownmodel.check_model(parts.factory()).to(device)
     xd, yd = x.to(device), y.to(device)
     try:
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False) as counter, _countable_attention(device):
             output = model(xd)
             described = _describe(output)
             loss = ownmodel.check_loss(parts.loss(output, yd)) if parts.loss else ownmodel.default_loss(output, yd)
@@ -218,7 +226,18 @@ def probe_model(parts: ownmodel.Parts, cfg: TrainConfig) -> dict:
             "convolutions": convs, "flops_per_sample": parts.flops_per_sample,
             "source": type(loader.dataset).__name__ + " in a DataLoader" if loader is not None else
             "a function, called every step" if callable(source) else "one batch, reused every step",
-            "workers": loader.num_workers if loader is not None else 0}
+            "workers": cfg.num_workers if isinstance(source, torch.utils.data.Dataset) else
+            loader.num_workers if loader is not None else 0}
+
+
+def _countable_attention(device: torch.device):
+    """torch's FLOP counter knows the CUDA kernels of scaled_dot_product_attention but not the CPU's fused one
+    (it counts 0 there): on a CPU the probe runs attention as its plain matmuls, which it counts."""
+    if device.type == "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
 
 
 def _describe(output: Any) -> str:
@@ -244,16 +263,21 @@ def rung_plan(cfg: TrainConfig, probe: dict, only: list[str] | None, compile_on_
     for rung in (r for r in ladder.rungs(ladder.GPU) if r.name in RUNGS):
         if rung.name == "fused_adamw":
             rung = dataclasses.replace(rung, change=f"fused {cfg.optimizer} (one kernel) instead of foreach")
-        run_cfg = current.replace(**rung.overrides, out_dir=f"{cfg.out_dir}/{rung.name}")
         reason = None
+        try:
+            run_cfg = current.replace(**rung.overrides, out_dir=f"{cfg.out_dir}/{rung.name}")
+        except UserError as e:  # e.g. a CUDA graph without the fused optimizer, when that rung was left out
+            run_cfg, reason = current, f"not on the rungs that run: {e}"
         if not cuda and rung.cpu_note:
             reason = rung.cpu_note
         elif rung.name == "channels_last" and not probe["convolutions"]:
             reason = "no 2-d convolution on 4-d float input: nothing to lay out"
-        elif not cuda and run_cfg.compile and not compile_on_cpu:
+        elif not cuda and rung.overrides.get("compile") and not compile_on_cpu:
             reason = "torch.compile takes minutes on a small CPU (compile_on_cpu=true includes it)"
         elif only and rung.name not in only and rung.name != "fp32":
             reason = "left out (rungs=...)"
+        elif reason:
+            pass
         if reason is None:
             current = run_cfg
         plan.append((rung, run_cfg, reason))
