@@ -241,3 +241,17 @@ def test_bad_names_and_keys(gpt_file, capsys):
 
 def test_the_cli_names_the_card_s_own_keys():
     assert set(cli.CARD_KEYS) == set(card_module.CARD_KEYS)
+
+
+def test_the_examples_at_small_size(monkeypatch):
+    """The models and batches of the GPU commands and notebook 07, at the small size: they fit the card's rules."""
+    from tutorial_lib.lessons import card_examples as ex
+
+    monkeypatch.setenv("WORKBOOK_SIZE", "small")
+    probe = card_module.probe_model(*_parts("tutorial_lib.lessons.card_examples:gpt",
+                                            "tutorial_lib.lessons.card_examples:tokens", None))
+    s = ex.GPT_SMALL
+    assert probe["output"] == f"({s.batch}, {s.seq}, {s.vocab})" and probe["flops_per_sample"] > 0
+    x, y = ex.images()
+    assert tuple(x.shape) == (ex.IMAGES_SMALL[1], 3, ex.IMAGES_SMALL[0], ex.IMAGES_SMALL[0]) and y.max() < 1000
+    assert ex.tokens()[0] is not ex.tokens()[0]  # a pool of distinct batches, not one reused

@@ -49,7 +49,7 @@ class CardSizes:
 
 
 SMALL = CardSizes(steps=6, window=2, warmup=1, budget_s=90, batch_cap=0)
-FULL = CardSizes(steps=40, window=8, warmup=10, budget_s=150, batch_cap=4096)
+FULL = CardSizes(steps=30, window=6, warmup=5, budget_s=140, batch_cap=4096)
 # the card's own keys (everything else is a TrainConfig field, the base of every rung)
 CARD_KEYS = {"steps": "timed steps per measure", "window": "steps per timed window", "warmup": "untimed steps first",
              "out": "folder of card.json, card.md, the runs and the job", "site": "site profile of the job",
