@@ -362,8 +362,10 @@ def _fits(run, x, y, k: int) -> bool:
         run.train_step(torch.cat([x] * k), torch.cat([y] * k))
         torch.cuda.synchronize(run.device)
         return True
-    except torch.cuda.OutOfMemoryError:
-        return False
+    except RuntimeError as e:  # torch.cuda.OutOfMemoryError, or cuDNN's own allocation failing
+        if isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e) or "ALLOC_FAILED" in str(e):
+            return False
+        raise
     finally:
         run.opt.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
