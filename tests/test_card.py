@@ -255,3 +255,16 @@ def test_the_examples_at_small_size(monkeypatch):
     x, y = ex.images()
     assert tuple(x.shape) == (ex.IMAGES_SMALL[1], 3, ex.IMAGES_SMALL[0], ex.IMAGES_SMALL[0]) and y.max() < 1000
     assert ex.tokens()[0] is not ex.tokens()[0]  # a pool of distinct batches, not one reused
+
+
+def test_the_largest_batch_search():
+    """Doubling, then halving the gap to within an eighth; the cap stops it (the GPU's out-of-memory is a False)."""
+    tried = []
+
+    def fits(k, limit=37):
+        tried.append(k)
+        return k <= limit
+    good, bad = card_module.search_batch(fits, 8, 4096)
+    assert good <= 37 * 8 < bad and bad - good <= good // 8 + 8 and tried[:6] == [2, 4, 8, 16, 32, 64]
+    assert card_module.search_batch(lambda k: True, 8, 64) == (64, None)
+    assert card_module.search_batch(lambda k: False, 8, 4096) == (8, 16)

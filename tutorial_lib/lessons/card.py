@@ -337,8 +337,8 @@ def recommend(rows: list[dict], plan: list[tuple]) -> dict:
 
 
 def largest_batch(parts: ownmodel.Parts, cfg: TrainConfig, probe: dict, cap: int) -> dict:
-    """On a GPU: the largest batch (a multiple of the user's) whose eager training step at the recommended
-    precision and layout fits in memory, by doubling and then halving the gap (the batch repeated); on a CPU, n/a."""
+    """On a GPU: the largest batch (a multiple of the user's, the batch repeated) whose eager training step at the
+    recommended precision and layout fits in memory (search_batch); on a CPU, n/a."""
     b = probe["batch"]
     if probe["device_type"] != "cuda":
         return {"largest_batch": None, "why": "n/a on a CPU: host memory swaps before a batch fails to fit; run "
@@ -346,15 +346,21 @@ def largest_batch(parts: ownmodel.Parts, cfg: TrainConfig, probe: dict, cap: int
     eager = cfg.replace(compile=False, cuda_graph=False, steps=1, timing_warmup=0, out_dir=f"{cfg.out_dir}_memory")
     with contextlib.redirect_stdout(io.StringIO()), engine.prepared_run(eager, parts.make_run) as run:
         x, y = next(run.batches())
-        fits = lambda k: _fits(run, x, y, k)  # noqa: E731
-        good, bad = 1, None
-        while bad is None and 2 * good * b <= max(cap, b):
-            good, bad = (2 * good, None) if fits(2 * good) else (good, 2 * good)
-        while bad is not None and bad - good > max(1, good // 8):
-            mid = (good + bad) // 2
-            good, bad = (mid, bad) if fits(mid) else (good, mid)
-    limit = "ran out of memory" if bad is not None else f"the search stops at {max(cap, b)}"
-    return {"largest_batch": good * b, "why": f"eager step at {cfg.precision}; {(bad or 2 * good) * b} {limit}"}
+        good, bad = search_batch(lambda k: _fits(run, x, y, k), b, max(cap, b))
+    limit = f"{bad:,} did not fit" if bad else f"the search stops at {max(cap, b):,}"
+    return {"largest_batch": good, "why": f"eager step at {cfg.precision}; {limit}"}
+
+
+def search_batch(fits, batch: int, cap: int) -> tuple[int, int | None]:
+    """(the largest k x batch for which fits(k), the smallest that did not or None): k doubles from 1 (which ran
+    already) while k x batch <= cap, then the gap is halved until it is within an eighth."""
+    good, bad = 1, None
+    while bad is None and 2 * good * batch <= cap:
+        good, bad = (2 * good, None) if fits(2 * good) else (good, 2 * good)
+    while bad is not None and bad - good > max(1, good // 8):
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good * batch, bad * batch if bad else None
 
 
 def _fits(run, x, y, k: int) -> bool:
