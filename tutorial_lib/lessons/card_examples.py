@@ -84,27 +84,28 @@ def _device() -> torch.device:
 
 
 @functools.lru_cache(maxsize=None)
-def _pool(kind: str, small: bool):
+def _pool(kind: str, small: bool, batch: int | None):
     gen = torch.Generator().manual_seed(0)
     if kind == "tokens":
         s = GPT_SMALL if small else GPT_FULL
-        made = [torch.randint(0, s.vocab, (s.batch, s.seq + 1), generator=gen) for _ in range(POOL)]
+        made = [torch.randint(0, s.vocab, (batch or s.batch, s.seq + 1), generator=gen) for _ in range(POOL)]
         pairs = [(t[:, :-1].to(_device()), t[:, 1:].to(_device())) for t in made]
     else:
         side, n = IMAGES_SMALL if small else IMAGES_FULL
+        n = batch or n
         pairs = [(torch.randn(n, 3, side, side, generator=gen).to(_device()),
                   torch.randint(0, 1000, (n,), generator=gen).to(_device())) for _ in range(POOL)]
     return itertools.cycle(pairs)
 
 
-def tokens() -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens, the next tokens): one batch of the pool for gpt()."""
-    return next(_pool("tokens", size_switch.current().small))
+def tokens(batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, the next tokens): one batch of the pool for gpt() (`batch` sequences; None: the size's)."""
+    return next(_pool("tokens", size_switch.current().small, batch))
 
 
-def images() -> tuple[torch.Tensor, torch.Tensor]:
-    """(images, labels of 1000 classes): 224x224 at full size, 32x32 small."""
-    return next(_pool("images", size_switch.current().small))
+def images(batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images, labels of 1000 classes): 224x224 at full size, 32x32 small (`batch` images; None: the size's)."""
+    return next(_pool("images", size_switch.current().small, batch))
 
 
 def resnet50() -> nn.Module:

@@ -155,4 +155,5 @@ def write_job(specs: dict, rec_cfg: TrainConfig, jobs_dir, site: str | None, ste
                           show=False, description=f"train {specs['model']} at the card's recommended configuration")
     except UserError as e:
         return {"path": None, "why": f"none: {e}"}
-    return {"path": str(path), "command": " ".join(shlex.quote(w) for w in command), "site": site or jobs.default_site()}
+    return {"path": jobs.shown_path(path), "command": " ".join(shlex.quote(w) for w in command),
+            "site": site or jobs.default_site()}
