@@ -112,6 +112,7 @@ def test_the_cli_cards_a_transformer_of_its_own_file(gpt_file, tmp_path, capsys)
     assert "| fp32 |" in page and "samples/s" in page and page.strip() in printed
     job = jobs_dir / "card_tinygpt.sbatch"
     assert rec["job"]["path"] == jobs.shown_path(job) and "--train" in job.read_text()
+    assert f"sbatch {jobs.shown_path(job)}" in job.read_text()  # its header names where it is
     assert jobs.rerender(job) == job.read_text()  # renders again to the same file: a valid render record
     assert subprocess.run(["bash", "-n", str(job)]).returncode == 0
 

@@ -54,7 +54,7 @@ FULL = CardSizes(steps=30, window=6, warmup=5, budget_s=140, batch_cap=4096)
 CARD_KEYS = {"steps": "timed steps per measure", "window": "steps per timed window", "warmup": "untimed steps first",
              "out": "folder of card.json, card.md, the runs and the job", "site": "site profile of the job",
              "rungs": "comma list: measure only these rungs (fp32 always)", "compile_on_cpu": "compile on a CPU too",
-             "jobs_dir": "folder of the job's sbatch file (default: the workbook's jobs/)",
+             "jobs_dir": "folder of the job's sbatch file (default: out)",
              "job_steps": "steps of the training job"}
 
 
@@ -85,7 +85,7 @@ def card(model: Any, batch: Any = None, loss: Any = None, *, small: bool | None 
     rec = recommend(rows, plan)
     memory = largest_batch(parts, rec["config"], probe, sizes.batch_cap)
     ddp = predict_ddp(probe, rec["row"])
-    job = write_job(specs, rec["config"], opts.get("jobs_dir"), opts.get("site"), int(opts.get("job_steps", 1000)))
+    job = write_job(specs, rec["config"], opts.get("jobs_dir", out), opts.get("site"), int(opts.get("job_steps", 1000)))
     result = Card.build(specs, probe, bench_result, rows, rec, memory, ddp, job, time.perf_counter() - started)
     result.save(out)
     say(result.markdown(), f"\nwrote {out / 'card.json'} and {out / 'card.md'}")

@@ -144,8 +144,9 @@ def job_command(specs: dict, cfg: TrainConfig, steps: int, out_dir: str) -> list
 
 
 def write_job(specs: dict, rec_cfg: TrainConfig, jobs_dir, site: str | None, steps: int) -> dict:
-    """jobs/card_<model>.sbatch (or in `jobs_dir`): one GPU training the model at the recommended configuration
-    (jobs.write, with the site profile: $WORKBOOK_SITE or generic unless site= names one)."""
+    """card_<model>.sbatch in `jobs_dir` (the card's folder; jobs/ holds the workbook's own jobs): one GPU training
+    the model at the recommended configuration (jobs.write, with the site profile: $WORKBOOK_SITE or generic unless
+    site= names one; its header names its own path)."""
     command = job_command(specs, rec_cfg, steps, f"runs/card_{specs['name']}_train")
     if command is None:
         return {"path": None, "why": "none: the model or the batch was given as an object; name them as "
