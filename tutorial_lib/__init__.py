@@ -14,7 +14,8 @@ __all__ = ["ConfigError", "ROOT", "TrainConfig", "UserError", "launch", "load", 
 
 
 SUBMODULES = tuple(sorted(p.stem for p in Path(__file__).parent.glob("*.py") if not p.stem.startswith("_")))
-# The lessons' modules (tutorial_lib/lessons/) keep their short names: tl.bench, tl.ladder, tl.scaling, ...
+# The lessons' modules (tutorial_lib/lessons/) keep their short names: tl.bench, tl.ladder, tl.scaling, ... (but
+# tl.card is the card's function)
 LESSONS = tuple(sorted(p.stem for p in (Path(__file__).parent / "lessons").glob("*.py") if not p.stem.startswith("_")))
 
 
@@ -24,6 +25,10 @@ def __getattr__(name):
         from . import engine
 
         return getattr(engine, name)
+    if name == "card":  # tl.card(model, batch, loss=None, **overrides): the function (its module: tl.lessons.card)
+        from .lessons.card import card
+
+        return card
     if name in ("load_result", "Result"):
         from . import results
 

@@ -1,4 +1,4 @@
-"""The whole command line: python -m tutorial_lib {train,bench,ladder,study,data,jobs,doctor,hang} ...
+"""The whole command line: python -m tutorial_lib {train,bench,ladder,study,card,data,jobs,doctor,hang} ...
 
     python -m tutorial_lib train dataset=shapes model=resnet18 steps=40 batch_size=32 out_dir=runs/demo
     python -m tutorial_lib train --config configs/baseline.yaml precision=bf16
@@ -7,6 +7,7 @@
     python -m tutorial_lib ladder --small                               # notebook 04's optimization ladder
     python -m tutorial_lib study --list                                 # the GPU studies behind the notebooks
     python -m tutorial_lib study ladder --reference                     # one of them, on a GPU node
+    python -m tutorial_lib card my_models.py:make_model --batch my_models.py:batch   # the card of your model
     python -m tutorial_lib data fetch cifar10                           # on a login node with internet
     python -m tutorial_lib jobs render --site generic --name demo steps=100
     python -m tutorial_lib jobs submit jobs/demo.sbatch --wait
@@ -174,6 +175,48 @@ def study(argv: list[str]) -> int:
     studies.run(args.name, size.current(args.small), args.out or f"runs/study_{args.name}", args.reference,
                 args.only)
     return 0
+
+
+# ---------------------------------------------------------------------------------------------- card
+def card(argv: list[str]) -> int:
+    """`card MODULE:FUNCTION`: every measurement of the workbook on a model of yours (tutorial_lib/lessons/card.py)."""
+    p = argparse.ArgumentParser(prog="python -m tutorial_lib card", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="The card of your model: IO / SYNTHETIC / FULL, the optimization ladder's "
+                                "rungs, FLOPs and MFU, memory, DDP predicted, a recommended configuration and its job.",
+                                epilog=_card_epilog())
+    p.add_argument("model", help="MODULE:FUNCTION that builds the model (MODULE: a .py file or an importable module)")
+    p.add_argument("--batch", help="MODULE:FUNCTION returning (input, target), a Dataset or a DataLoader "
+                   "(default: the function `batch` beside the model's)")
+    p.add_argument("--loss", help="MODULE:FUNCTION (output, target) -> scalar (default: cross-entropy for integer "
+                   "targets, mean squared error for float targets of the output's shape)")
+    p.add_argument("--small", action="store_true", help="tiny sizes (default: small without a GPU, or as "
+                   "$WORKBOOK_SIZE says)")
+    p.add_argument("--train", action="store_true", help="measure nothing: train the model with the engine at the "
+                   "key=value given (what the card's job runs); writes <out_dir>/result.json")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="TrainConfig fields, or the card's keys below")
+    args = p.parse_intermixed_args(argv)  # key=value before, between or after the options
+    values = {}
+    for item in args.overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise UserError(f"{item!r} is not key=value (e.g. precision=bf16 or steps=20)")
+        values[key.strip()] = value
+    from .lessons import card as card_module  # imports torch
+
+    if args.train:
+        result = card_module.train(args.model, args.batch, args.loss, **values)
+        print(result.summary())
+        return 0
+    card_module.card(args.model, args.batch, args.loss, small=args.small or None, **values)
+    return 0
+
+
+CARD_KEYS = ("steps", "window", "warmup", "rungs", "compile_on_cpu", "out", "site", "jobs_dir", "job_steps")
+
+
+def _card_epilog() -> str:  # the keys of lessons.card.CARD_KEYS (a test holds the two equal), without importing torch
+    return (f"the card's own keys: {', '.join(CARD_KEYS)} (their meaning: tutorial_lib/lessons/card.py, CARD_KEYS); "
+            "every other key is a TrainConfig field (python -m tutorial_lib train --help lists them)")
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -357,8 +400,8 @@ def drill(argv: list[str]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- main
-COMMANDS = {"train": train, "bench": bench, "ladder": ladder, "study": study, "data": data, "jobs": jobs,
-            "doctor": doctor, "hang": hang, "drill": drill}
+COMMANDS = {"train": train, "bench": bench, "ladder": ladder, "study": study, "card": card, "data": data,
+            "jobs": jobs, "doctor": doctor, "hang": hang, "drill": drill}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,7 +61,7 @@ class Run:
             torch.cuda.reset_peak_memory_stats(self.device)
         set_precision_flags(cfg)
         set_cudnn_benchmark(cfg)
-        self.input = data.build_input(cfg, "train", env, self.batch_size)
+        self.input = self.build_input()
         self.steps_per_epoch = self.input.steps_per_epoch
         # every input the run needs is opened before its first step: a missing val/ split fails now, not after training
         self.val_input = data.build_input(cfg, "val", env, self.batch_size) if cfg.eval else None
@@ -69,7 +69,7 @@ class Run:
         self.images_per_step = self.batch_size * env.world_size * cfg.grad_accum_steps
         check_timed(cfg, self.total_steps, self.steps_per_epoch)
         check_eval_every(cfg, self.total_steps)
-        self.raw_model = models.build(cfg.model, data.num_classes(cfg.dataset)).to(self.device)
+        self.raw_model = self.build_model().to(self.device)
         if cfg.channels_last:
             self.raw_model = self.raw_model.to(memory_format=torch.channels_last)
         self.model = self.wrap(self.raw_model)
@@ -86,6 +86,20 @@ class Run:
         self.stop_signal: str | None = None
         self.history = History(cfg)  # val_history, the early stop, their clock (carried in the checkpoint)
         self.t_start = self.saved_step = None  # when this process's fit() began; the step of its last checkpoint
+
+    # The seams a model of the user's comes through (ownmodel.UserRun, tl.card): model, batches, loss, FLOPs.
+    def build_model(self) -> nn.Module:
+        return models.build(self.cfg.model, data.num_classes(self.cfg.dataset))
+
+    def build_input(self):
+        return data.build_input(self.cfg, "train", self.env, self.batch_size)
+
+    def criterion(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output, y)
+
+    def flops_per_image(self) -> float | None:
+        channels, size, *_ = data.SPECS[self.cfg.dataset]
+        return models.flops_per_image(self.cfg.model, data.num_classes(self.cfg.dataset), (channels, size, size))
 
     def wrap(self, net: nn.Module) -> nn.Module:
         """The model as the step calls it: DDP or DataParallel around `net`, compiled if asked (notebook 05).
@@ -155,7 +169,7 @@ class Run:
             hooks_sync = self.sync == "hooks" and i == len(micro) - 1
             with self.ddp.no_sync() if self.ddp is not None and not hooks_sync else nullcontext():
                 with profiling.nvtx_range("forward", nvtx), autocast(self.cfg, self.device):
-                    loss = F.cross_entropy(self.model(x), y)
+                    loss = self.criterion(self.model(x), y)
                     if len(micro) > 1:
                         loss = loss / len(micro)
                 with profiling.nvtx_range("backward", nvtx):
@@ -177,7 +191,7 @@ class Run:
         if self.env.distributed and self.cfg.grad_sync and self.cfg.ddp_broadcast_buffers:
             distributed.broadcast_(list(self.raw_model.buffers()), self.env)
         with autocast(self.cfg, self.device):
-            loss = F.cross_entropy(self.model(x), y)
+            loss = self.criterion(self.model(x), y)
         if self.sync == "buckets":
             self.buckets.start()
         loss.backward()
@@ -345,8 +359,7 @@ class Run:
         last = self.history.points[-1] if self.history.points else None
         accuracy = last[2] if last and last[0] == self.step else self.evaluate() if cfg.eval else None
         self.check_stop()  # a signal during the evaluation: the checkpoint holds the last step
-        channels, size, *_ = data.SPECS[cfg.dataset]
-        flops = models.flops_per_image(cfg.model, data.num_classes(cfg.dataset), (channels, size, size))
+        flops = self.flops_per_image()
         result = Result(
             config=cfg.to_dict(), device=device_name(self.device), world_size=env.world_size, steps=self.step,
             global_batch=self.images_per_step, **timing,
@@ -443,10 +456,10 @@ class Run:
 
 
 @contextmanager
-def prepared_run(cfg: TrainConfig):
-    """The prologue every way of running shares (tl.train, the bench): join the process group if launched,
-    check the config against where it runs, build the Run; afterwards leave the process group and restore
-    the backend flags the run changed."""
+def prepared_run(cfg: TrainConfig, make_run=Run):
+    """The prologue every way of running shares (tl.train, the bench, tl.card): join the process group if
+    launched, check the config against where it runs, build the Run (`make_run(cfg, env)`: ownmodel.UserRun for
+    a model of the user's); afterwards leave the process group and restore the backend flags the run changed."""
     cfg.validate()
     with StopSignals() as early:  # a signal during set-up reaches the Run, whose fit() then checkpoints
         env = distributed.setup(cfg.parallel, cfg.device, cfg.dist_timeout_s)
@@ -454,7 +467,7 @@ def prepared_run(cfg: TrainConfig):
             with backend_flags():
                 distributed.check_launch(cfg.parallel, env)
                 cfg.check_runtime(env.device.type, env.world_size, env.launched)
-                run = Run(cfg, env)
+                run = make_run(cfg, env)
                 early.hand_over(run)
                 try:
                     with lastwords.Recorder(run.out / "ranks", env, run):  # each rank's step and phase, for a hang

@@ -209,8 +209,10 @@ def _command(command: str | list[str]) -> Program:
 
 # ---------------------------------------------------------------------------------------- rendering
 def render(name: str, cfg: TrainConfig | None = None, *, site: str | None = None, command: str | list | None = None,
-           sweep: dict | list | None = None, description: str | None = None, **resource_values: Any) -> str:
-    """The text of jobs/<name>.sbatch: `cfg` trained (or `command` run) with the given resources.
+           sweep: dict | list | None = None, description: str | None = None, where: str | None = None,
+           **resource_values: Any) -> str:
+    """The text of jobs/<name>.sbatch: `cfg` trained (or `command` run) with the given resources. `where`: the
+    file's path as its header names it (default jobs/<name>.sbatch; `write` passes the folder it writes into).
 
     resource_values are the fields of `Resources` (nodes, gpus_per_node, time, partition, requeue, ...);
     `sweep` ({key: [values]} or [{key: value}, ...]) turns the job into an array, one task per point.
@@ -245,6 +247,7 @@ def render(name: str, cfg: TrainConfig | None = None, *, site: str | None = None
               "resources": resources_record(resource_values),
               "overrides": program.overrides if program.training else None,
               "command": None if program.training else program.overrides, "sweep": points or None}
+    context["where"] = where or f"jobs/{name}.sbatch"
     context["render_json"] = json.dumps(record, separators=(",", ":"))
     context["render_command"] = render_command(record)
     return _environment().get_template("job.sbatch.j2").render(context)
@@ -391,8 +394,9 @@ def write(name: str, cfg: TrainConfig | None = None, *, site: str | None = None,
     when the file is stale. site=None uses $WORKBOOK_SITE or `generic`.
     (Notebook 01 teaches it.)
     """
-    text = render(name, cfg, site=site, command=command, sweep=sweep, description=description, **resource_values)
     path = Path(jobs_dir) if jobs_dir is not None else JOBS_DIR
+    text = render(name, cfg, site=site, command=command, sweep=sweep, description=description,
+                  where=shown_path(path / f"{name}.sbatch"), **resource_values)
     try:
         path.mkdir(parents=True, exist_ok=True)
         path = path / f"{name}.sbatch"
@@ -432,7 +436,7 @@ def rerender(path: str | os.PathLike) -> str:
     rec = render_record(path)
     cfg = load(None, rec["overrides"]) if rec.get("overrides") is not None else None
     return render(rec["name"], cfg, site=rec["site"], command=rec.get("command"), sweep=rec.get("sweep"),
-                  description=rec.get("description"), **rec["resources"])
+                  description=rec.get("description"), where=shown_path(Path(path)), **rec["resources"])
 
 
 def stale(jobs_dir: str | os.PathLike | None = None) -> list[Path]:

@@ -137,12 +137,13 @@ def measure_full(run: engine.Run) -> engine.Result:
 
 # ---------------------------------------------------------------------------- bench
 def bench(cfg: TrainConfig, steps: int | None = None, window: int | None = None, warmup: int | None = None,
-          measures: tuple[str, ...] = MEASURES, pool: int = 8) -> BenchResult:
+          measures: tuple[str, ...] = MEASURES, pool: int = 8, make_run=engine.Run) -> BenchResult:
     """Measure IO, SYNTHETIC and FULL for `cfg` (in this process, or on every rank under torchrun) and
     say what bounds it. `steps` timed steps per measure (default cfg.steps or 100) in windows of `window`
     steps (default steps/10), after `warmup` steps (default cfg.timing_warmup) -- plus, for IO and FULL,
     the batches the DataLoader workers had loaded before the clock started (num_workers x prefetch_factor).
-    Writes <out_dir>/bench.json; FULL also writes the run's result.json. (Notebook 03 teaches it.)"""
+    Writes <out_dir>/bench.json; FULL also writes the run's result.json. `make_run`: the Run to build
+    (ownmodel.UserRun: a model and batches of the user's, tl.card). (Notebook 03 teaches it.)"""
     unknown = [m for m in measures if m not in MEASURES]
     if unknown or not measures:
         raise UserError(f"measures={list(measures)!r}: choose from {', '.join(MEASURES)}")
@@ -155,7 +156,7 @@ def bench(cfg: TrainConfig, steps: int | None = None, window: int | None = None,
     prefetched = cfg.workers() * cfg.prefetch_factor if cfg.loader != "gpu_resident" else 0
     run_cfg = cfg.replace(steps=warmup + prefetched + n_windows * window, timing_warmup=warmup + prefetched,
                           resume=False, eval=False, ckpt_every=0, profile=False, progress=False)
-    with engine.prepared_run(run_cfg) as run:
+    with engine.prepared_run(run_cfg, make_run) as run:
         result = _measure(run, run.env, measures, n_windows, window, warmup, prefetched, pool)
         if run.env.is_main:
             result.save(cfg.out_dir)

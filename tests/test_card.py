@@ -1,0 +1,271 @@
+"""tl.card and `python -m tutorial_lib card` on CPU: a transformer of this test's own (written to a file, with
+scaled_dot_product_attention) through the CLI, three torchvision models (weights=None, tiny inputs) through
+tl.card, and every input that breaks the card's rules ending in one line that names the fix."""
+import functools
+import json
+import subprocess
+import textwrap
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import tutorial_lib as tl
+from tutorial_lib import __main__ as cli, jobs
+from tutorial_lib.config import UserError
+from tutorial_lib.lessons import card as card_module
+
+TRANSFORMER = textwrap.dedent('''
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    VOCAB, WIDTH, HEADS, LAYERS, SEQ, BATCH = 50, 32, 2, 2, 16, 4
+
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(WIDTH), nn.LayerNorm(WIDTH)
+            self.qkv, self.proj = nn.Linear(WIDTH, 3 * WIDTH), nn.Linear(WIDTH, WIDTH)
+            self.mlp = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH))
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, HEADS, d // HEADS).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+            return x + self.mlp(self.ln2(x))
+
+
+    class TinyGPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.pos = nn.Embedding(VOCAB, WIDTH), nn.Parameter(torch.zeros(SEQ, WIDTH))
+            self.blocks = nn.Sequential(*[Block() for _ in range(LAYERS)])
+            self.head = nn.Linear(WIDTH, VOCAB)
+
+        def forward(self, idx):
+            return self.head(self.blocks(self.emb(idx) + self.pos[: idx.shape[1]]))
+
+
+    def make_model():
+        return TinyGPT()
+
+
+    def batch():
+        tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1))
+        return tokens[:, :-1], tokens[:, 1:]
+
+
+    def as_dict():
+        return {"logits": TinyGPT()}
+
+
+    class DictOut(TinyGPT):
+        def forward(self, idx):
+            return {"logits": super().forward(idx)}
+
+
+    def dict_loss(output, target):
+        return F.cross_entropy(output["logits"].flatten(0, 1), target.flatten())
+''')
+
+
+@pytest.fixture(scope="module")
+def gpt_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("own") / "tiny_gpt.py"
+    path.write_text(TRANSFORMER)
+    return path
+
+
+def images(n=4, size=32, classes=10):
+    def batch():
+        return torch.rand(n, 3, size, size), torch.randint(0, classes, (n,))
+    return batch
+
+
+# ---------------------------------------------------------------------------------------- the transformer, CLI
+def test_the_cli_cards_a_transformer_of_its_own_file(gpt_file, tmp_path, capsys):
+    out, jobs_dir = tmp_path / "card", tmp_path / "jobs"
+    code = cli.main(["card", f"{gpt_file}:make_model", f"out={out}", f"jobs_dir={jobs_dir}", "--small"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    rec = json.loads((out / "card.json").read_text())
+    rows = {r["rung"]: r for r in rec["rows"]}
+    assert rows["fp32"]["img_s"] > 0 and rows["bf16"]["img_s"] > 0 and rows["fused_adamw"]["img_s"] > 0
+    assert "no 2-d convolution" in rows["channels_last"]["skipped"]  # tokens in, no convolution
+    assert rows["tf32"]["skipped"] and rows["step_graph"]["skipped"] and "compile_on_cpu" in rows["compile"]["skipped"]
+    assert rec["probe"]["input"] == "(4, 16) int64" and rec["probe"]["output"] == "(4, 16, 50)"
+    # FLOPs counted by torch: about 6 x the linear layers' weights x tokens, plus attention's, per sequence
+    model = (gpt := _load(gpt_file)).make_model()
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    assert 1.0 < rec["probe"]["flops_per_sample"] / (6 * linear * gpt.SEQ) < 1.5
+    assert set(rec["bench"]["figures"]) == {"io", "synthetic", "full"} and rec["bench"]["bound"]
+    assert [r["gpus"] for r in rec["ddp"]["rows"]] == [2, 4, 8]
+    assert all(0 < r["efficiency_exposed"] <= r["efficiency_hidden"] <= 1 for r in rec["ddp"]["rows"])
+    assert rec["ddp"]["bandwidth"]["backend"] == "gloo" and rec["ddp"]["bandwidth"]["bus_gb_s"] > 0
+    assert rec["memory"]["largest_batch"] is None and "n/a on a CPU" in rec["memory"]["why"]
+    assert rec["recommended"]["rung"] in rows and not rows[rec["recommended"]["rung"]]["skipped"]
+    page = (out / "card.md").read_text()
+    assert "| fp32 |" in page and "samples/s" in page and page.strip() in printed
+    job = jobs_dir / "card_tinygpt.sbatch"
+    assert rec["job"]["path"] == jobs.shown_path(job) and "--train" in job.read_text()
+    assert f"sbatch {jobs.shown_path(job)}" in job.read_text()  # its header names where it is
+    assert jobs.rerender(job) == job.read_text()  # renders again to the same file: a valid render record
+    assert subprocess.run(["bash", "-n", str(job)]).returncode == 0
+
+
+def test_the_job_s_command_trains_the_model(gpt_file, tmp_path, capsys):
+    """What the card's job runs: the model trained by the engine at a configuration (result.json)."""
+    out = tmp_path / "train"
+    code = cli.main(["card", f"{gpt_file}:make_model", "--train", "steps=6", "timing_warmup=1", "precision=bf16",
+                     f"out_dir={out}", "--batch", f"{gpt_file}:batch"])
+    assert code == 0
+    result = tl.load_result(out)
+    assert result.steps == 6 and result.config["precision"] == "bf16" and result.flops_per_image > 0
+
+
+def _load(path):
+    from tutorial_lib import ownmodel
+
+    return ownmodel._import(str(path), "model")
+
+
+# ---------------------------------------------------------------------------------------- torchvision
+def test_resnet18_gets_every_rung_a_cpu_runs(tmp_path):
+    factory = functools.partial(torchvision.models.resnet18, weights=None, num_classes=10)
+    c = tl.card(factory, images(), quiet=True, out=str(tmp_path / "r18"), jobs_dir=str(tmp_path))
+    rows = {r["rung"]: r for r in c.rows}
+    for rung in ("fp32", "bf16", "channels_last", "fused_adamw"):
+        assert not rows[rung]["skipped"] and rows[rung]["img_s"] > 0, rung
+    assert c.name == "resnet18" and c.probe["convolutions"] and c.probe["params"] == 11_181_642
+    assert "the model or the batch was given as an object" in c.job["why"]  # a partial has no MODULE:FUNCTION
+    assert c.verdicts["channels_last"].split(", ")[1].startswith(("faster", "slower", "within noise"))
+    assert (tmp_path / "r18" / "card.md").is_file() and c.rung_table() in c.markdown()
+
+
+def test_mobilenet_from_a_dataset(tmp_path):
+    data = torch.utils.data.TensorDataset(torch.rand(24, 3, 32, 32), torch.randint(0, 10, (24,)))
+    factory = functools.partial(torchvision.models.mobilenet_v3_small, weights=None, num_classes=10)
+    c = tl.card(factory, data, quiet=True, batch_size=4, num_workers=0, rungs="fp32,channels_last",
+                out=str(tmp_path / "m"))
+    rows = {r["rung"]: r for r in c.rows}
+    assert c.probe["batch"] == 4 and "TensorDataset in a DataLoader" in c.probe["source"]
+    assert not rows["channels_last"]["skipped"] and rows["bf16"]["skipped"] == "left out (rungs=...)"
+
+
+def test_a_vision_transformer_of_torchvision(tmp_path):
+    vit = torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=1, num_heads=2, hidden_dim=32,
+                                               mlp_dim=64, num_classes=10)
+    c = tl.card(vit, images(), quiet=True, rungs="fp32,bf16", out=str(tmp_path / "v"))
+    assert c.name == "visiontransformer" and c.probe["flops_per_sample"] > 0
+    assert {r["rung"] for r in c.rows if not r["skipped"]} == {"fp32", "bf16"}
+
+
+# ---------------------------------------------------------------------------------------- bad input
+def _error(model, batch, loss=None, **kw):
+    with pytest.raises(UserError) as e:
+        tl.card(model, batch, loss, quiet=True, **kw)
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_model_without_parameters():
+    assert "no parameters to train" in _error(nn.ReLU, images())
+
+
+def test_a_batch_of_several_inputs():
+    msg = _error(nn.Linear(4, 2), lambda: (torch.rand(2, 4), torch.rand(2, 4), torch.zeros(2, dtype=torch.long)))
+    assert "several inputs" in msg and "return (input, target)" in msg
+
+
+def test_a_dict_batch():
+    msg = _error(nn.Linear(4, 2), lambda: {"x": torch.rand(2, 4), "y": torch.zeros(2, dtype=torch.long)})
+    assert "is a dict (keys 'x', 'y')" in msg and "(input, target)" in msg
+
+
+def test_a_batch_without_a_target():
+    assert "(tokens[:, :-1], tokens[:, 1:])" in _error(nn.Linear(4, 2), lambda: torch.rand(2, 4))
+
+
+def test_a_model_returning_a_dict_needs_a_loss(gpt_file):
+    msg = _error(f"{gpt_file}:DictOut", f"{gpt_file}:batch")
+    assert "returned a dict (keys 'logits')" in msg and "--loss MODULE:FUNCTION" in msg
+    probe = card_module.probe_model(*_parts(f"{gpt_file}:DictOut", f"{gpt_file}:batch", f"{gpt_file}:dict_loss"))
+    assert probe["output"] == "dict" and probe["flops_per_sample"] > 0  # with a loss of yours it trains
+
+
+def _parts(model, batch, loss):
+    parts, _ = card_module.user_parts(model, batch, loss)
+    return parts, card_module.split_overrides({})[1]
+
+
+def test_a_model_returning_a_tuple():
+    class Pair(nn.Linear):
+        def forward(self, x):
+            return super().forward(x), x
+    assert "returned a tuple of 2" in _error(Pair(4, 2), lambda: (torch.rand(2, 4), torch.zeros(2, dtype=torch.long)))
+
+
+def test_variable_shapes():
+    lengths = iter([8, 8, 5, 8])
+    batch = lambda: (torch.rand(2, next(lengths), 4), torch.rand(2, 1, 2))  # noqa: E731
+    msg = _error(nn.Linear(4, 2), batch)  # the first call shows the card what the function returns
+    assert "batch 1 has input (2, 5, 4) and target (2, 1, 2), the first batch had (2, 8, 4)" in msg
+    assert "pad to one length" in msg
+
+
+def test_targets_that_fit_no_default_loss_ask_for_one():
+    msg = _error(nn.Linear(4, 3), lambda: (torch.rand(2, 4), torch.rand(2, 5)))
+    assert "output (2, 3) and float target (2, 5) fit no default loss" in msg and "--loss" in msg
+
+
+def test_integer_inputs_are_fed_as_they_are(gpt_file):
+    """Tokens stay integers: the embedding gets them as the batch holds them (no normalising, no cast)."""
+    parts, cfg = _parts(f"{gpt_file}:make_model", f"{gpt_file}:batch", None)
+    assert card_module.probe_model(parts, cfg)["input"].endswith("int64")
+
+
+def test_bad_names_and_keys(gpt_file, capsys):
+    assert "is not MODULE:FUNCTION" in _error("my_model", images())
+    assert "no file 'nowhere.py'" in _error("nowhere.py:make", images())
+    assert "has no 'nothing'" in _error(f"{gpt_file}:nothing", images())
+    assert "no rung 'warp'" in _error(nn.Linear(4, 2), images(), rungs="fp32,warp")
+    assert "unknown key 'precison'" in _error(nn.Linear(4, 2), images(), precison="bf16")
+    assert cli.main(["card", f"{gpt_file}:make_model", "--batch", f"{gpt_file}:as_dict"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "is a dict" in err
+
+
+def test_the_cli_names_the_card_s_own_keys():
+    assert set(cli.CARD_KEYS) == set(card_module.CARD_KEYS)
+
+
+def test_the_examples_at_small_size(monkeypatch):
+    """The models and batches of the GPU commands and notebook 07, at the small size: they fit the card's rules."""
+    from tutorial_lib.lessons import card_examples as ex
+
+    monkeypatch.setenv("WORKBOOK_SIZE", "small")
+    probe = card_module.probe_model(*_parts("tutorial_lib.lessons.card_examples:gpt",
+                                            "tutorial_lib.lessons.card_examples:tokens", None))
+    s = ex.GPT_SMALL
+    assert probe["output"] == f"({s.batch}, {s.seq}, {s.vocab})" and probe["flops_per_sample"] > 0
+    x, y = ex.images()
+    assert tuple(x.shape) == (ex.IMAGES_SMALL[1], 3, ex.IMAGES_SMALL[0], ex.IMAGES_SMALL[0]) and y.max() < 1000
+    assert ex.tokens()[0] is not ex.tokens()[0]  # a pool of distinct batches, not one reused
+
+
+def test_the_largest_batch_search():
+    """Doubling, then halving the gap to within an eighth; the cap stops it (the GPU's out-of-memory is a False)."""
+    tried = []
+
+    def fits(k, limit=37):
+        tried.append(k)
+        return k <= limit
+    good, bad = card_module.search_batch(fits, 8, 4096)
+    assert good <= 37 * 8 < bad and bad - good <= good // 8 + 8 and tried[:6] == [2, 4, 8, 16, 32, 64]
+    assert card_module.search_batch(lambda k: True, 8, 64) == (64, None)
+    assert card_module.search_batch(lambda k: False, 8, 4096) == (8, 16)

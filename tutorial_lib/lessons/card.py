@@ -1,0 +1,386 @@
+"""The card: every measurement of the workbook asked of a model of yours, on one page (notebook 07).
+
+    card = tl.card("my_models.py:make_model", "my_models.py:batch")      # or objects: tl.card(MyNet(), batch_fn)
+    card = tl.card(torchvision.models.resnet50, images, precision=...)  # key=value: TrainConfig fields or the
+                                                                         # card's own (CARD_KEYS)
+    python -m tutorial_lib card my_models.py:make_model --batch my_models.py:batch [--loss MODULE:FUNCTION] [key=value ...]
+
+What it measures, each with the workbook's own code: IO / SYNTHETIC / FULL and what bounds the step (lessons.bench,
+in windows); the optimization ladder's rungs that apply to the model (lessons.ladder's rungs, each a training run
+of engine.Run on your model: ownmodel.UserRun), each judged against the row it changes by lessons.noise; the
+FLOPs of one sample's training step (torch.utils.flop_counter) and MFU against the card's dense peak for the
+precision (peaks.py); peak memory and, on a GPU, the largest batch that fits; the gradient bytes, the all-reduce
+bandwidth of this node and the DDP efficiency they predict on 2, 4 and 8 GPUs (lessons.allreduce); a recommended
+configuration and an sbatch file that trains with it (jobs.py, with the site profile). The one page it prints is
+card.md beside card.json in `out` (lessons/card_report.py). Sizes come from the one switch (lessons.size).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import io
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import allreduce, bench, ladder, noise, size as size_switch
+from .card_report import Card, write_job
+from .. import engine, ownmodel
+from ..config import TrainConfig, UserError, load
+from ..meters import untimed_steps
+from ..results import Result, make_folder
+
+RUNGS = ("fp32", "tf32", "bf16", "channels_last", "fused_adamw", "compile", "step_graph")  # lessons.ladder's names
+SPEED_KEYS = ("precision", "channels_last", "optimizer_impl", "compile", "compile_mode", "cuda_graph")
+
+
+@dataclass(frozen=True)
+class CardSizes:
+    steps: int  # timed steps of each measure and each rung ...
+    window: int  # ... in windows of this many (the spread)
+    warmup: int  # untimed steps first (compiled rungs: at least meters.COMPILE_WARMUP)
+    budget_s: float  # rungs that would start after this many seconds are skipped
+    batch_cap: int  # the largest-batch search stops here (GPU)
+
+
+SMALL = CardSizes(steps=6, window=2, warmup=1, budget_s=90, batch_cap=0)
+FULL = CardSizes(steps=30, window=6, warmup=5, budget_s=140, batch_cap=4096)
+# the card's own keys (everything else is a TrainConfig field, the base of every rung)
+CARD_KEYS = {"steps": "timed steps per measure", "window": "steps per timed window", "warmup": "untimed steps first",
+             "out": "folder of card.json, card.md, the runs and the job", "site": "site profile of the job",
+             "rungs": "comma list: measure only these rungs (fp32 always)", "compile_on_cpu": "compile on a CPU too",
+             "jobs_dir": "folder of the job's sbatch file (default: out)",
+             "job_steps": "steps of the training job"}
+
+
+# ---------------------------------------------------------------------------------------- the call
+def card(model: Any, batch: Any = None, loss: Any = None, *, small: bool | None = None, quiet: bool = False,
+         **overrides) -> Card:
+    """Measure the card of `model` on `batch` (see the module's docstring) and write card.json and card.md.
+    model: an nn.Module (copied for every run), a function or class that builds one, or 'MODULE:FUNCTION';
+    batch: a batch (input, target), a function returning one, a Dataset, a DataLoader, or 'MODULE:FUNCTION'
+    (None: the function `batch` of the model's module); loss: (output, target) -> scalar, or 'MODULE:FUNCTION'."""
+    started = time.perf_counter()
+    opts, cfg = split_overrides(overrides)
+    sizes = sized(size_switch.current(small), opts)
+    parts, specs = user_parts(model, batch, loss)
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    probe = probe_model(parts, cfg)
+    if specs["name"].startswith(("make", "build", "create", "get", "model")) or isinstance(model, nn.Module):
+        specs["name"] = _slug(probe["class"])  # make_model: say what it makes
+    out = Path(opts.get("out", f"runs/card_{specs['name']}"))
+    make_folder(out, f"out={str(out)!r}", "give a folder you can write")
+    say(f"card of {specs['name']}: {probe['params']:,} parameters, batch {probe['batch']}, input "
+        f"{probe['input']} -> output {probe['output']} on {probe['device']}")
+    cfg = cfg.replace(batch_size=probe["batch"], num_workers=probe["workers"], out_dir=str(out / "runs"))
+    bench_result = measure_bench(parts, cfg, sizes)
+    say(bench_result.summary().replace("img/s", "samples/s"))
+    plan = rung_plan(cfg, probe, opts.get("rungs"), opts.get("compile_on_cpu", False))
+    rows = measure_rungs(parts, plan, sizes, say)
+    rec = recommend(rows, plan)
+    memory = largest_batch(parts, rec["config"], probe, sizes.batch_cap)
+    ddp = predict_ddp(probe, rec["row"])
+    job = write_job(specs, rec["config"], opts.get("jobs_dir", out), opts.get("site"), int(opts.get("job_steps", 1000)))
+    result = Card.build(specs, probe, bench_result, rows, rec, memory, ddp, job, time.perf_counter() - started)
+    result.save(out)
+    say(result.markdown(), f"\nwrote {out / 'card.json'} and {out / 'card.md'}")
+    return result
+
+
+def train(model: Any, batch: Any = None, loss: Any = None, **overrides) -> Result:
+    """Train `model` on `batch` with the engine (tl.train's loop, ownmodel.UserRun) at `overrides` (TrainConfig
+    fields): what the card's job runs with the recommended configuration. Writes <out_dir>/result.json."""
+    parts, _ = user_parts(model, batch, loss)
+    cfg = load(None, {"eval": False, "tensorboard": False, **overrides})
+    probe = probe_model(parts, cfg)
+    cfg = cfg.replace(batch_size=probe["batch"], num_workers=probe["workers"])
+    with engine.prepared_run(cfg, parts.make_run) as run:
+        return run.fit()
+
+
+def split_overrides(overrides: dict) -> tuple[dict, TrainConfig]:
+    """The card's own keys, and the base TrainConfig from the rest (a bad key or value fails here, at once)."""
+    opts = {k: v for k, v in overrides.items() if k in CARD_KEYS}
+    base = {"eval": False, "tensorboard": False, "progress": False, "resume": False, "optimizer_impl": "foreach"}
+    cfg = load(None, {**base, **{k: v for k, v in overrides.items() if k not in CARD_KEYS}})
+    opts["rungs"] = _names(opts.get("rungs"))
+    if "compile_on_cpu" in opts:
+        opts["compile_on_cpu"] = load(None, {"compile": opts["compile_on_cpu"]}).compile  # true/false as TrainConfig reads
+    for key in ("steps", "window", "warmup", "job_steps"):
+        if key in opts and not (str(opts[key]).isdigit() and int(opts[key]) > (key == "warmup") - 1):
+            raise UserError(f"{key}={opts[key]!r} must be a whole number{' >= 0' if key == 'warmup' else ' > 0'}")
+    return opts, cfg
+
+
+def sized(size: size_switch.Size, opts: dict) -> CardSizes:
+    sizes = size.pick(SMALL, FULL)
+    changes = {k: int(opts[k]) for k in ("steps", "window", "warmup") if k in opts}
+    sizes = dataclasses.replace(sizes, **changes)
+    if sizes.steps < sizes.window:
+        raise UserError(f"steps={sizes.steps} is shorter than one window of {sizes.window}; raise steps or lower window")
+    return sizes
+
+
+def _names(text: Any) -> list[str] | None:
+    if text is None:
+        return None
+    names = [n.strip() for n in str(text).split(",") if n.strip()]
+    unknown = [n for n in names if n not in RUNGS]
+    if unknown:
+        raise UserError(f"rungs={text!r}: no rung {unknown[0]!r}; the card's rungs are {', '.join(RUNGS)}")
+    return names
+
+
+# ---------------------------------------------------------------------------------------- what the user gave
+def user_parts(model: Any, batch: Any, loss: Any) -> tuple[ownmodel.Parts, dict]:
+    """The model factory, batch source and loss as ownmodel.Parts, and how each was named (for the job)."""
+    model_spec = model if isinstance(model, str) else ownmodel.spec_of(model)
+    if isinstance(model, str):
+        model = ownmodel.resolve(model, "model")
+    if isinstance(model, nn.Module):
+        instance, name = model, type(model).__name__
+        factory = lambda: copy.deepcopy(instance)  # noqa: E731  (every run starts from the same weights)
+        model_spec = None
+    elif callable(model):
+        named = getattr(model, "func", model)  # functools.partial(torchvision.models.resnet50, num_classes=10)
+        factory, name = model, getattr(named, "__name__", type(named).__name__)
+    else:
+        raise UserError(f"model is a {type(model).__name__}; give an nn.Module, a function or class that builds "
+                        "one, or 'MODULE:FUNCTION'")
+    if batch is None:
+        if not isinstance(model_spec, str) or ":" not in model_spec:
+            raise UserError("no batch given; give batch= (or --batch MODULE:FUNCTION): a function returning "
+                            "(input, target), a Dataset or a DataLoader")
+        batch = model_spec.rsplit(":", 1)[0] + ":batch"
+    batch_spec = batch if isinstance(batch, str) else ownmodel.spec_of(batch)
+    source = source_of(ownmodel.resolve(batch, "batch") if isinstance(batch, str) else batch)
+    loss_spec = loss if isinstance(loss, str) else ownmodel.spec_of(loss) if loss is not None else None
+    loss_fn = ownmodel.resolve(loss, "loss") if isinstance(loss, str) else loss
+    if loss_fn is not None and not callable(loss_fn):
+        raise UserError(f"loss is a {type(loss_fn).__name__}; give a function (output, target) -> scalar tensor")
+    specs = {"name": _slug(name), "model": model_spec, "batch": batch_spec, "loss": loss_spec,
+             "loss_rule": "yours" if loss_fn is not None else "default (cross-entropy or MSE by the target)"}
+    return ownmodel.Parts(factory, source, loss_fn), specs
+
+
+def source_of(batch: Any) -> Any:
+    """A function that returns a Dataset or DataLoader (rather than a batch) is called once here: its result is
+    the source. A function returning a batch is the source itself, called once per step."""
+    if callable(batch) and not isinstance(batch, (torch.utils.data.Dataset, torch.utils.data.DataLoader)):
+        try:
+            first = batch()
+        except TypeError as e:
+            raise UserError(f"the batch function {getattr(batch, '__name__', batch)!r} can't be called without "
+                            f"arguments ({e}); give a function of no arguments (functools.partial binds them)") from None
+        if isinstance(first, (torch.utils.data.Dataset, torch.utils.data.DataLoader)):
+            return first
+    return batch
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")[:40] or "model"
+
+
+# ---------------------------------------------------------------------------------------- the probe
+def probe_model(parts: ownmodel.Parts, cfg: TrainConfig) -> dict:
+    """One training step of a fresh model on the first batch, on the run's device, under torch's FLOP counter:
+    checks every rule of ownmodel at once (before anything is timed) and describes the model."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    device = engine.distributed.pick_device(cfg.device)
+    inp = ownmodel.UserInput(parts.source, cfg.batch_size, 0, False)
+    batches = inp.epoch(0)
+    x, y = next(batches)
+    for _ in range(min(2, inp.steps_per_epoch - 1)):  # shapes that vary show in the first batches: say so now
+        next(batches)
+    batches.close()
+    model = ownmodel.check_model(parts.factory()).to(device)
+    xd, yd = x.to(device), y.to(device)
+    try:
+        with FlopCounterMode(display=False) as counter, _countable_attention(device):
+            output = model(xd)
+            described = _describe(output)
+            loss = ownmodel.check_loss(parts.loss(output, yd)) if parts.loss else ownmodel.default_loss(output, yd)
+            loss.backward()
+    except UserError:
+        raise
+    except (RuntimeError, TypeError, ValueError, IndexError) as e:
+        line = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"one training step of the model on a batch of input {tuple(x.shape)} {x.dtype} and target "
+                        f"{tuple(y.shape)} {y.dtype} failed: {type(e).__name__}: {line}") from None
+    grads = [p for p in model.parameters() if p.requires_grad]
+    convs = any(isinstance(m, nn.Conv2d) for m in model.modules()) and x.dim() == 4 and x.is_floating_point()
+    source = parts.source
+    loader = inp.loader
+    parts.flops_per_sample = counter.get_total_flops() / x.shape[0] or None
+    return {"device": engine.device_name(device), "device_type": device.type, "batch": int(x.shape[0]),
+            "class": type(model).__name__,
+            "input": f"{tuple(x.shape)} {str(x.dtype).replace('torch.', '')}",
+            "target": f"{tuple(y.shape)} {str(y.dtype).replace('torch.', '')}", "output": described,
+            "params": sum(p.numel() for p in grads), "grad_bytes": sum(p.numel() * p.element_size() for p in grads),
+            "convolutions": convs, "flops_per_sample": parts.flops_per_sample,
+            "source": type(loader.dataset).__name__ + " in a DataLoader" if loader is not None else
+            "a function, called every step" if callable(source) else "one batch, reused every step",
+            "workers": cfg.num_workers if isinstance(source, torch.utils.data.Dataset) else
+            loader.num_workers if loader is not None else 0}
+
+
+def _countable_attention(device: torch.device):
+    """torch's FLOP counter knows the CUDA kernels of scaled_dot_product_attention but not the CPU's fused one
+    (it counts 0 there): on a CPU the probe runs attention as its plain matmuls, which it counts."""
+    if device.type == "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
+
+
+def _describe(output: Any) -> str:
+    if isinstance(output, torch.Tensor):
+        return f"{tuple(output.shape)}"
+    return type(output).__name__
+
+
+# ---------------------------------------------------------------------------------------- the measures
+def measure_bench(parts: ownmodel.Parts, cfg: TrainConfig, sizes: CardSizes) -> bench.BenchResult:
+    """IO / SYNTHETIC / FULL (lessons.bench) of the model at fp32, on the engine with the user's parts."""
+    return bench.bench(cfg.replace(out_dir=f"{cfg.out_dir}/bench", precision="fp32"), sizes.steps, sizes.window,
+                       sizes.warmup, make_run=parts.make_run)
+
+
+def rung_plan(cfg: TrainConfig, probe: dict, only: list[str] | None, compile_on_cpu: bool) -> list[tuple]:
+    """The ladder's rungs that apply, each (Rung, config, why it is left out or None), one change on top of the
+    last rung that runs."""
+    cuda = probe["device_type"] == "cuda"
+    current = cfg.replace(precision="fp32", channels_last=False, optimizer_impl="foreach", compile=False,
+                          compile_mode="default", cuda_graph=False)
+    plan = []
+    for rung in (r for r in ladder.rungs(ladder.GPU) if r.name in RUNGS):
+        if rung.name == "fused_adamw":
+            rung = dataclasses.replace(rung, change=f"fused {cfg.optimizer} (one kernel) instead of foreach")
+        reason = None
+        try:
+            run_cfg = current.replace(**rung.overrides, out_dir=f"{cfg.out_dir}/{rung.name}")
+        except UserError as e:  # e.g. a CUDA graph without the fused optimizer, when that rung was left out
+            run_cfg, reason = current, f"not on the rungs that run: {e}"
+        if not cuda and rung.cpu_note:
+            reason = rung.cpu_note
+        elif rung.name == "channels_last" and not probe["convolutions"]:
+            reason = "no 2-d convolution on 4-d float input: nothing to lay out"
+        elif not cuda and rung.overrides.get("compile") and not compile_on_cpu:
+            reason = "torch.compile takes minutes on a small CPU (compile_on_cpu=true includes it)"
+        elif only and rung.name not in only and rung.name != "fp32":
+            reason = "left out (rungs=...)"
+        elif reason:
+            pass
+        if reason is None:
+            current = run_cfg
+        plan.append((rung, run_cfg, reason))
+    return plan
+
+
+def measure_rungs(parts: ownmodel.Parts, plan: list[tuple], sizes: CardSizes, say) -> list[dict]:
+    """Each rung a training run (engine.Run.fit with the user's parts); a rung that fails is a row with its one-line
+    reason, and the rungs above it build on the last one that ran."""
+    rows, start = [], time.perf_counter()
+    for rung, cfg, reason in plan:
+        if reason is None and time.perf_counter() - start > sizes.budget_s:
+            reason = f"the card's time budget ({sizes.budget_s:.0f} s) was spent"
+        warm = untimed_steps(cfg, sizes.warmup)
+        cfg = cfg.replace(steps=warm + sizes.steps, timing_warmup=warm, log_every=warm + sizes.steps)
+        row = ladder.skipped_row(rung, cfg, reason) if reason else measure_rung(parts, rung, cfg)
+        rows.append(row)
+        say(ladder.row_line(row).replace("img/s", "samples/s"))
+    ladder.add_speedups(rows)
+    return rows
+
+
+def measure_rung(parts: ownmodel.Parts, rung, cfg: TrainConfig) -> dict:
+    if cfg.compile:
+        torch._dynamo.reset()  # each compiled rung compiles afresh: its compile time is its own
+    t0 = time.perf_counter()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), engine.prepared_run(cfg, parts.make_run) as run:
+            result = run.fit()
+    except Exception as e:  # noqa: BLE001  (a rung that fails is a finding: its row says why, in one line)
+        if rung.name == "fp32":
+            raise
+        row = ladder.skipped_row(rung, cfg, f"failed: {failure_line(e)}")
+        return {**row, "failed": True}
+    return ladder.row(rung, cfg, result, time.perf_counter() - t0)
+
+
+def failure_line(e: BaseException) -> str:
+    """An exception in one line: its type and the first line that says something (a graph break, dynamic
+    shapes, an unsupported op)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.strip().startswith(("from user code",
+                                                                                                    "File "))]
+    return f"{type(e).__name__}: {(lines or ['(no message)'])[0][:220]}"
+
+
+# ---------------------------------------------------------------------------------------- the advice
+def recommend(rows: list[dict], plan: list[tuple]) -> dict:
+    """The earliest rung within noise of the fastest one (fewest changes for the same speed), its config and the
+    keys it changes from the fp32 rung."""
+    measured = [r for r in rows if not r["skipped"]]
+    best = max(measured, key=lambda r: r["img_s"])
+    pick = next(r for r in measured if noise.relation(ladder.figure(r), ladder.figure(best)) != "<")
+    configs = {rung.name: cfg for rung, cfg, _ in plan}
+    fp32, chosen = configs["fp32"], configs[pick["rung"]]
+    changes = {k: getattr(chosen, k) for k in SPEED_KEYS if getattr(chosen, k) != getattr(fp32, k)}
+    return {"rung": pick["rung"], "fastest": best["rung"], "row": pick, "config": chosen, "changes": changes}
+
+
+def largest_batch(parts: ownmodel.Parts, cfg: TrainConfig, probe: dict, cap: int) -> dict:
+    """On a GPU: the largest batch (a multiple of the user's, the batch repeated) whose eager training step at the
+    recommended precision and layout fits in memory (search_batch); on a CPU, n/a."""
+    b = probe["batch"]
+    if probe["device_type"] != "cuda":
+        return {"largest_batch": None, "why": "n/a on a CPU: host memory swaps before a batch fails to fit; run "
+                                              "the card on a GPU for it"}
+    eager = cfg.replace(compile=False, cuda_graph=False, steps=1, timing_warmup=0, out_dir=f"{cfg.out_dir}_memory")
+    with contextlib.redirect_stdout(io.StringIO()), engine.prepared_run(eager, parts.make_run) as run:
+        x, y = next(run.batches())
+        good, bad = search_batch(lambda k: _fits(run, x, y, k), b, max(cap, b))
+    limit = f"{bad:,} did not fit" if bad else f"the search stops at {max(cap, b):,}"
+    return {"largest_batch": good, "why": f"eager step at {cfg.precision}; {limit}"}
+
+
+def search_batch(fits, batch: int, cap: int) -> tuple[int, int | None]:
+    """(the largest k x batch for which fits(k), the smallest that did not or None): k doubles from 1 (which ran
+    already) while k x batch <= cap, then the gap is halved until it is within an eighth."""
+    good, bad = 1, None
+    while bad is None and 2 * good * batch <= cap:
+        good, bad = (2 * good, None) if fits(2 * good) else (good, 2 * good)
+    while bad is not None and bad - good > max(1, good // 8):
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good * batch, bad * batch if bad else None
+
+
+def _fits(run, x, y, k: int) -> bool:
+    try:
+        run.train_step(torch.cat([x] * k), torch.cat([y] * k))
+        torch.cuda.synchronize(run.device)
+        return True
+    except RuntimeError as e:  # torch.cuda.OutOfMemoryError, or cuDNN's own allocation failing
+        if isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e) or "ALLOC_FAILED" in str(e):
+            return False
+        raise
+    finally:
+        run.opt.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+
+
+def predict_ddp(probe: dict, row: dict) -> dict:
+    """The gradient bytes, the all-reduce bandwidth of this node and the DDP efficiency they predict."""
+    step_ms = 1000 * row["batch"] / row["img_s"]
+    nbytes = min(probe["grad_bytes"], (64 if probe["device_type"] == "cuda" else 4) * 2**20)
+    bw = allreduce.measure(nbytes)
+    return {"grad_bytes": probe["grad_bytes"], "step_ms": step_ms, "bandwidth": dataclasses.asdict(bw),
+            "rows": allreduce.predict(step_ms, probe["grad_bytes"], bw.bus_gb_s)}

@@ -1,0 +1,160 @@
+"""The card's one page (lessons/card.py measures it): a table for the notebook and the terminal, card.json and
+card.md to paste into a ticket, and the sbatch file that trains the model at the recommended configuration."""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import bench, ladder, noise
+from .. import jobs
+from ..config import TrainConfig, UserError
+from ..perfdoc import fmt
+from ..results import atomic_write_text
+
+
+@dataclass
+class Card:
+    name: str
+    specs: dict  # how the model, batch and loss were named ("MODULE:FUNCTION" or None for objects)
+    device: str
+    torch_version: str
+    probe: dict  # parameters, batch, shapes, FLOPs per sample, gradient bytes (card.probe_model)
+    bench: dict  # IO / SYNTHETIC / FULL figures with their windows, the bound and the verdict
+    rows: list  # one per rung (lessons.ladder's row), skipped and failed ones with their reason
+    verdicts: dict  # rung -> its samples/s against the row it changes (lessons.noise)
+    recommended: dict  # rung, the keys it changes, its row
+    memory: dict  # largest_batch and why
+    ddp: dict  # gradient bytes, bandwidth, predicted efficiencies
+    job: dict  # path of the sbatch file, or why there is none
+    wall_s: float
+
+    @classmethod
+    def build(cls, specs, probe, bench_result: bench.BenchResult, rows, rec, memory, ddp, job, wall_s) -> "Card":
+        import torch
+
+        figures = {m: asdict(f) for m, f in bench_result.figures.items()}
+        recommended = {k: v for k, v in rec.items() if k != "config"}
+        return cls(specs["name"], specs, probe["device"], torch.__version__, probe,
+                   {"figures": figures, "bound": bench_result.bound,
+                    "verdict": (bench_result.verdict or "").replace("img/s", "samples/s") or None},
+                   rows, ladder.verdicts(rows), recommended, memory, ddp, job, wall_s)
+
+    # ------------------------------------------------------------------------------------ the page
+    def summary_rows(self) -> list[tuple[str, str]]:
+        p, rec, r = self.probe, self.recommended, self.recommended["row"]
+        f = self.bench["figures"]
+        io_syn_full = " / ".join(_band(f[m]) if m in f else "-" for m in bench.MEASURES)
+        changes = " ".join(f"{k}={_word(v)}" for k, v in rec["changes"].items()) or "the fp32 baseline as it is"
+        mfu = f", MFU {100 * r['mfu']:.1f}%" if r.get("mfu") else ", MFU n/a (no datasheet peak for this device)"
+        b = self.ddp["bandwidth"]
+        preds = " / ".join(f"{x['efficiency_exposed']:.2f}-{x['efficiency_hidden']:.2f}" for x in self.ddp["rows"])
+        gpus = "/".join(str(x["gpus"]) for x in self.ddp["rows"])
+        largest = self.memory["largest_batch"]
+        return [
+            ("model", f"{self.specs.get('model') or self.name}: {p['params']:,} parameters; input {p['input']}, "
+                      f"target {p['target']} -> output {p['output']}; loss {self.specs['loss'] or self.specs['loss_rule']}"),
+            ("batches", f"{p['source']}; batch {p['batch']}"),
+            ("IO / SYNTHETIC / FULL (fp32, samples/s)", io_syn_full),
+            ("what bounds the step", self.bench["verdict"] or "-"),
+            ("FLOPs per sample (training step)", _flops(p["flops_per_sample"])),
+            ("recommended", f"{rec['rung']}: {changes} -> {r['img_s']:,.1f} samples/s, x{r['speedup']:.2f} fp32{mfu}"
+                            + (f" (within noise of the fastest, {rec['fastest']})" if rec["fastest"] != rec["rung"] else "")),
+            ("peak memory (recommended, batch %d)" % p["batch"], f"{fmt(r.get('peak_mb'), ',.0f', 'n/a on a CPU')}"
+                                                                 + (" MB" if r.get("peak_mb") else "")),
+            ("largest batch that fits", f"{largest:,} ({self.memory['why']})" if largest else self.memory["why"]),
+            ("gradients all-reduced per step", f"{_mb(p['grad_bytes'])} (fp32)"),
+            ("all-reduce bus bandwidth", f"{b['bus_gb_s']:.2f} GB/s between {b['where']}, messages of {_mb(b['nbytes'])}"),
+            (f"DDP efficiency predicted on {gpus} GPUs", f"{preds} (from: nothing overlaps, to: the all-reduce "
+                                                          "hides behind the backward pass)"),
+            ("training job", self.job.get("path") or self.job["why"]),
+        ]
+
+    def rung_table(self) -> str:
+        head = ["rung", "change", "samples/s (± spread)", "x fp32", "against the row it changes", "step ms",
+                "peak MB", "MFU", "compile s"]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in self.rows:
+            if r["skipped"]:
+                cells = [r["rung"], r["change"], ("**failed**: " if r.get("failed") else "skipped: ") + r["skipped"]]
+                cells += [""] * (len(head) - 3)
+            else:
+                fig = ladder.figure(r)
+                cells = [r["rung"], r["change"], f"{r['img_s']:,.1f} (±{100 * fig.spread:.0f}%)",
+                         fmt(r.get("speedup"), ".2f"), self.verdicts.get(r["rung"], "-"), f"{r['step_ms']:.2f}",
+                         fmt(r["peak_mb"], ",.0f"), fmt(r["mfu"] and 100 * r["mfu"], ".1f") + ("%" if r["mfu"] else ""),
+                         fmt(r["compile_s"], ".1f", "-")]
+            lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
+        return "\n".join(lines)
+
+    def markdown(self) -> str:
+        head = f"## Card: {self.name} on {self.device} (torch {self.torch_version})"
+        rows = ["| | |", "|---|---|"] + [f"| {k} | {str(v).replace('|', '/')} |" for k, v in self.summary_rows()]
+        note = (f"Each rung is one change on top of the last rung that ran; a difference smaller than the spread of "
+                f"the step times is within noise (at least ±{100 * noise.FLOOR:.0f}%). Measured in {self.wall_s:.0f} s.")
+        return "\n".join([head, "", *rows, "", self.rung_table(), "", note])
+
+    def __repr__(self) -> str:
+        return self.markdown()
+
+    def _repr_markdown_(self) -> str:  # a notebook shows the page as a table
+        return self.markdown()
+
+    def save(self, out) -> tuple[Path, Path]:
+        record = {k: v for k, v in asdict(self).items()}
+        return (atomic_write_text(Path(out) / "card.json", json.dumps(record, indent=1, default=str)),
+                atomic_write_text(Path(out) / "card.md", self.markdown() + "\n"))
+
+
+def _band(m: dict) -> str:
+    f = noise.Figure.of(m["img_s"], m["img_s_low"], m["img_s_high"])
+    return f"{m['img_s']:,.1f} (±{100 * f.spread:.0f}%)"
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.1f} MB" if nbytes >= 2**20 else f"{nbytes / 2**10:,.0f} KB"
+
+
+def _word(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _flops(v: float | None) -> str:
+    if not v:
+        return "n/a (no matmul or convolution counted)"
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if v >= scale:
+            return f"{v / scale:,.2f} {unit}"
+    return f"{v:,.0f} FLOP"
+
+
+# ---------------------------------------------------------------------------------------- the job
+def job_command(specs: dict, cfg: TrainConfig, steps: int, out_dir: str) -> list[str] | None:
+    """`python -m tutorial_lib card MODEL --batch B [--loss L] --train key=value ...`: the model trained with the
+    recommended configuration; None when the model or batch was given as an object with no MODULE:FUNCTION."""
+    if not specs.get("model") or not specs.get("batch") or (specs["loss_rule"] == "yours" and not specs.get("loss")):
+        return None
+    keys = [o for o in cfg.to_overrides() if o.split("=", 1)[0] in
+            ("precision", "channels_last", "optimizer_impl", "compile", "compile_mode", "cuda_graph", "optimizer", "lr",
+             "weight_decay", "momentum", "num_workers", "seed")]
+    words = ["python", "-m", "tutorial_lib", "card", specs["model"], "--batch", specs["batch"]]
+    words += ["--loss", specs["loss"]] if specs.get("loss") else []
+    return words + ["--train", f"steps={steps}", *keys, f"out_dir={out_dir}"]
+
+
+def write_job(specs: dict, rec_cfg: TrainConfig, jobs_dir, site: str | None, steps: int) -> dict:
+    """card_<model>.sbatch in `jobs_dir` (the card's folder; jobs/ holds the workbook's own jobs): one GPU training
+    the model at the recommended configuration (jobs.write, with the site profile: $WORKBOOK_SITE or generic unless
+    site= names one; its header names its own path)."""
+    command = job_command(specs, rec_cfg, steps, f"runs/card_{specs['name']}_train")
+    if command is None:
+        return {"path": None, "why": "none: the model or the batch was given as an object; name them as "
+                                     "MODULE:FUNCTION (a .py file or a module) to get a job"}
+    try:
+        path = jobs.write(f"card_{specs['name']}", command=command, site=site, gpus_per_node=1, jobs_dir=jobs_dir,
+                          show=False, description=f"train {specs['model']} at the card's recommended configuration")
+    except UserError as e:
+        return {"path": None, "why": f"none: {e}"}
+    return {"path": jobs.shown_path(path), "command": " ".join(shlex.quote(w) for w in command),
+            "site": site or jobs.default_site()}
