@@ -162,17 +162,33 @@ def test_ddp_stops_at_the_first_log_step_after_the_signal(tmp_path):
 
 
 # ================================================================ finished runs, and what a resumed run keeps
-# the tiny run's validation accuracy every 2 steps (seed 0, val_size 64): 1.6, 1.6, 12.5, 7.8, 4.7, 4.7, 10.9, ...%
 EARLY = dict(steps=24, eval_every=2, val_size=64, ckpt_every=2)
 
 
-@pytest.mark.parametrize("how,stop_step", [(dict(target_accuracy=0.12), 6), (dict(patience=3), 12)],
-                         ids=["target_accuracy", "patience"])
-def test_a_run_stopped_early_is_finished_and_keeps_its_result(tiny_cfg, capsys, how, stop_step):
+def expected_stop(history: list, how: dict) -> int:
+    """Where a run with `how` must stop, read off the validation history of the same run without it: the first pass
+    at the target, or the first pass after which `patience` passes found nothing better than the best before them."""
+    accuracies = [acc for _, _, acc in history]
+    for i, (step, _, acc) in enumerate(history):
+        if "target_accuracy" in how and acc >= how["target_accuracy"]:
+            return step
+        seen, k = accuracies[:i + 1], how.get("patience")
+        if k and len(seen) > k and max(seen[-k:]) <= max(seen[:-k]):
+            return step
+    raise AssertionError(f"the tiny run never stops with {how}: {accuracies}")
+
+
+@pytest.mark.parametrize("how", [dict(target_accuracy=0.12), dict(patience=3)], ids=["target_accuracy", "patience"])
+def test_a_run_stopped_early_is_finished_and_keeps_its_result(tiny_cfg, tmp_path, capsys, how):
+    free = engine.train(tiny_cfg(**EARLY, out_dir=tmp_path / "free"))  # the same run, never stopped early
+    stop_step = expected_stop(free.val_history, how)
+    assert stop_step < EARLY["steps"], "the test needs a run that stops before its last step"
     cfg = tiny_cfg(**EARLY, **how)
     first = engine.train(cfg)
     why = next(iter(how))
     assert first.steps == stop_step and first.stopped_by == why and first.val_history[-1][0] == stop_step
+    steps_and_accuracies = lambda h: [(step, acc) for step, _, acc in h]  # noqa: E731  (seconds differ)
+    assert steps_and_accuracies(first.val_history) == steps_and_accuracies(free.val_history)[:len(first.val_history)]
     assert "stopping" in capsys.readouterr().out
     saved = (Path(cfg.out_dir) / "result.json").read_bytes()
     for again in (cfg, cfg.replace(steps=40)):  # the same command, and a longer one: nothing more to train
