@@ -451,10 +451,12 @@ def test_ddp_minimal_runs_with_more_processes_than_gpus(tmp_path):
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                         "ddp_minimal.py"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    ranks = sorted(line for line in p.stdout.splitlines() if line.startswith("rank"))
-    assert len(ranks) == 2 and all("gloo" in line for line in ranks)
-    after = {re.search(r"([+-]\d+\.\d+) after DDP", line).group(1) for line in ranks}
-    assert len(after) == 1  # DDP's broadcast: one set of weights on every rank
+    # two processes share one pipe: print() writes a line's text and its newline apart, so two ranks' lines can
+    # share a line of the output; each line's text stays whole
+    ranks = re.findall(r"rank (\d) \(local rank \d, world size 2, (\w+)\): weights sum to [+-]\d+\.\d+ after init, "
+                       r"([+-]\d+\.\d+) after DDP", p.stdout)
+    assert sorted(r[0] for r in ranks) == ["0", "1"] and all(r[1] == "gloo" for r in ranks), p.stdout[-2000:]
+    assert len({r[2] for r in ranks}) == 1  # DDP's broadcast: one set of weights on every rank
     assert "accuracy over 1000 samples" in p.stdout and (tmp_path / "runs" / "05" / "ddp_minimal.pt").is_file()
 
 
