@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8888
 
-.PHONY: help venv kernel lab workbook handout doctor test data slurm-up slurm-down hub hub-down clean
+.PHONY: help venv kernel lab workbook handout doctor warm test data slurm-up slurm-down hub hub-down clean
 
 help:
 	@echo "make lab       set up the venv, register the kernel, start JupyterLab on 127.0.0.1"
@@ -14,6 +14,7 @@ help:
 	@echo "make workbook  execute every notebook headless into build/notebooks"
 	@echo "make handout   make workbook, then the executed notebooks as HTML in build/handout (+ .tar.gz)"
 	@echo "make doctor    the workshop pre-flight check of this machine (python -m tutorial_lib doctor)"
+	@echo "make warm      compile the workbook's compiled configurations into the shared compile cache (GPU node)"
 	@echo "make data      stage cifar10, cifar100, mnist (needs internet: a login node) and imagefolder"
 	@echo "make slurm-up / slurm-down   the local test cluster (root)"
 	@echo "make hub / hub-down          a JupyterHub whose servers are Slurm jobs on it, learners alice and bob (root)"
@@ -50,6 +51,12 @@ handout: workbook
 
 doctor: venv
 	$(BIN)/python -m tutorial_lib doctor
+
+# The workshop's shared compile cache, filled ahead of the day on a node of the hub's GPU type (docs/instructor.md):
+# into $$WORKBOOK_COMPILE_CACHE, else the site profile's compile_cache, else /opt/hpc-workbook/compile-cache.
+# WARM_ARGS passes options, e.g. make warm WARM_ARGS="--cache /shared/compile-cache --only optimized".
+warm: venv
+	$(BIN)/python -m tutorial_lib warm $(WARM_ARGS)
 
 # Slurm tests need the local cluster, which needs root; otherwise they are skipped with the reason.
 # The browser test needs Debian's chromium + chromium-driver: installed here as root, else it is skipped.

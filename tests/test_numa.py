@@ -67,3 +67,22 @@ def test_the_doctor_reports_the_numa_line_from_nvidia_smi(tmp_path, monkeypatch)
     check = numa.check_numa(SimpleNamespace(opts=doctor.Options()))
     assert (check.name, check.status) == ("numa", "WARN") and "far from GPU 2 (NUMA node 1)" in check.message
     assert numa.check_numa in doctor.CHECKS
+
+
+@pytest.mark.skipif(not {0, 1} <= set(os.sched_getaffinity(0)), reason="needs CPUs 0 and 1 to bind between")
+def test_exec_bound_pins_a_rank_to_its_gpus_cpus_then_runs_the_command(tmp_path):
+    """The binding by hand (no numactl): GPU 1 sits on NUMA node 1 with CPU 1, so rank LOCAL_RANK=1 runs on CPU 1."""
+    import subprocess
+
+    topo = tmp_path / "topo.txt"
+    topo.write_text("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tSYS\t0\t0\nGPU1\tSYS\t X \t1\t1\n")
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!{sys.executable}\nprint(open({str(topo)!r}).read())\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "LOCAL_RANK": "1", "RANK": "1"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    p = subprocess.run([sys.executable, "-m", "tutorial_lib.numa", "--exec-bound", sys.executable, "-c",
+                        "import os; print(sorted(os.sched_getaffinity(0)))"], capture_output=True, text=True,
+                       env=env, cwd=ROOT, timeout=60)
+    assert p.returncode == 0 and p.stdout == "[1]\n", p.stderr
+    assert "CPU binding: rank 1: GPU 1, CPUs 1 (NUMA node 1)" in p.stderr

@@ -1,4 +1,4 @@
-"""The whole command line: python -m tutorial_lib {train,bench,ladder,study,card,data,jobs,doctor,hang} ...
+"""The whole command line: python -m tutorial_lib {train,bench,ladder,study,card,data,jobs,doctor,hang,warm} ...
 
     python -m tutorial_lib train dataset=shapes model=resnet18 steps=40 batch_size=32 out_dir=runs/demo
     python -m tutorial_lib train --config configs/baseline.yaml precision=bf16
@@ -13,6 +13,7 @@
     python -m tutorial_lib jobs submit jobs/demo.sbatch --wait
     python -m tutorial_lib doctor                                       # the workshop pre-flight
     python -m tutorial_lib hang runs/my_job                             # a hung run: which rank, which collective
+    python -m tutorial_lib warm                                         # make warm: the shared compile cache
 
 Each subcommand is one function below, calling the module that does the work, so "go to definition" from here
 lands in the right file. The torch-free modules are imported here at the top; a module that imports torch is
@@ -28,7 +29,7 @@ import sys
 import time
 from dataclasses import fields
 
-from . import doctor as doctor_module, perfdoc, reference
+from . import compilecache, doctor as doctor_module, perfdoc, reference
 from .config import UserError, key_help, load
 from .jobs import DEFAULT_LINE_PROFILE, Resources, render_command, render_record, shown_path
 from .jobs import stale as stale_jobs, submit as submit_job, write as write_job
@@ -399,9 +400,56 @@ def drill(argv: list[str]) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- warm
+def warm(argv: list[str]) -> int:
+    """`warm`: the workbook's compiled configurations into the shared compile cache (lessons/warm.py)."""
+    p = _parser("python -m tutorial_lib warm", "Compile the workbook's compiled configurations once, into the compile "
+                "cache the learners' runs share; --measure: the first compiled step cold against warm.")
+    p.add_argument("--cache", help="the cache folder (default: $WORKBOOK_COMPILE_CACHE, else the site profile's "
+                   f"compile_cache, else {compilecache.default_dir()})")
+    p.add_argument("--site", help=f"site profile name or YAML file (default: {default_site()})")
+    p.add_argument("--only", help="comma-separated configurations to compile (--list names them)")
+    p.add_argument("--list", action="store_true", help="the configurations and the folder; compile nothing")
+    p.add_argument("--measure", action="store_true", help="the first step cold, warm and warm from a read-only copy "
+                   "(--config/key=value, default configs/optimized.yaml), in a fresh cache under --out")
+    p.add_argument("--reference", action="store_true", help="with --measure on a GPU: also notebooks/reference/"
+                   "04_compile_cache.json")
+    p.add_argument("--out", default="runs/compile_cache", help="the runs' folders and logs (%(default)s)")
+    p.add_argument("--child", help=argparse.SUPPRESS)  # one configuration's process (warm_module.run_child)
+    _config_args(p)
+    args = p.parse_args(argv)
+    own = args.config is not None or bool(args.overrides)
+    cfg = load(args.config, args.overrides) if own or args.child else None  # bad input fails before torch
+    if args.reference and not args.measure:
+        raise UserError("--reference goes with --measure (the cold and warm first steps are what it records)")
+    from .lessons import warm as warm_module  # imports torch
+
+    if args.child:
+        warm_module.child(args.child, cfg)
+        return 0
+    out = make_folder(args.out, f"--out {args.out!r}", "give a folder you can write")
+    if args.measure:
+        return warm_module.measure_cli(cfg, out, args.reference)
+    folder = warm_module.folder_for(args.cache, args.site)
+    configs = [("own", warm_module.short(cfg, out, "own"))] if own else warm_module.plan(out)
+    configs = warm_module.pick(configs, args.only.split(",") if args.only else None)
+    if args.list:
+        print(f"compile cache: {folder}\n" + "\n".join(f"  {n}: {' '.join(c.to_overrides())}" for n, c in configs))
+        return 0
+    import torch
+
+    if not own and not torch.cuda.is_available():
+        raise UserError("no CUDA GPU here: the compile caches hold kernels for one GPU type and one torch version; run "
+                        "make warm on a node of the hub's GPU type (e.g. srun --gres=gpu:1 make warm), or warm a "
+                        "configuration of your own here with --config/key=value")
+    warm_module.warm(configs, folder, out)
+    compilecache.share(folder)
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------- main
 COMMANDS = {"train": train, "bench": bench, "ladder": ladder, "study": study, "card": card, "data": data,
-            "jobs": jobs, "doctor": doctor, "hang": hang, "drill": drill}
+            "jobs": jobs, "doctor": doctor, "hang": hang, "drill": drill, "warm": warm}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from . import numa, sites
+from . import compilecache, numa, sites
 from .config import ROOT, UserError, default_workers, usable_cpus
 from .gpucheck import (GpuFacts, allreduce, check_bf16, check_driver, check_gpus, check_nccl,  # noqa: F401
                        save)  # doctor.check_gpus, doctor.allreduce, ...: the GPU lines live in gpucheck.py
@@ -256,9 +256,36 @@ def _readable(path: Path) -> bool:
         return False
 
 
+# ---------------------------------------------------------------------------------------- the compile cache
+def check_compile_cache(ctx: Context) -> Check:
+    """The shared compile cache (compilecache.py): where, for which torch and GPU it was warmed, its size; a warning
+    on a GPU node where it is missing or holds nothing for this torch and GPU (every compiled run compiles anew)."""
+    folder, source = compilecache.where(ctx.site.compile_cache, ctx.site.name)
+    gpus = sorted({name for name, _ in ctx.torch.get("gpus") or []})
+    fix = "make warm on a node of this GPU type before the day (python -m tutorial_lib warm; docs/instructor.md)"
+    if folder is None or not folder.is_dir():
+        said = f"{_shown(folder)} ({source}) does not exist" if folder else f"no compile cache: {source}"
+        if not gpus:
+            return Check("compile_cache", "SKIP", f"{said}; no GPU here, where compiling is what a cache saves")
+        return Check("compile_cache", "WARN", f"{said}: every compiled run on {gpus[0]} compiles from scratch", fix)
+    try:
+        entries = list(compilecache.read_manifest(folder)["entries"].values())
+    except UserError as e:
+        return Check("compile_cache", "WARN", str(e), fix)
+    size = compilecache.size_bytes(folder) / 2**20
+    warmed = "; ".join(f"torch {e.get('torch')} on {e.get('device')}: {len(e.get('configs') or {})} configuration(s) "
+                       f"warmed {str(e.get('updated', '?'))[:10]}" for e in entries) or "nothing warmed (no manifest)"
+    text = f"{_shown(folder)} ({source}, {size:,.1f} MiB): {warmed}"
+    here = ctx.torch.get("torch")
+    if gpus and not any(e.get("torch") == here and e.get("device") in gpus for e in entries):
+        return Check("compile_cache", "WARN", f"{text}; nothing for torch {here} on {gpus[0]} (the caches hold code "
+                     "for one torch version and one GPU type)", fix)
+    return Check("compile_cache", "PASS", text)
+
+
 # ---------------------------------------------------------------------------------------- running them
 CHECKS = (check_python, check_packages, check_kernel, check_gpus, check_driver, check_bf16, check_nccl,
-          check_cpus, numa.check_numa, check_shm, check_disk, check_datasets, *SITE_CHECKS)
+          check_cpus, numa.check_numa, check_compile_cache, check_shm, check_disk, check_datasets, *SITE_CHECKS)
 
 
 def check_options(opts: Options) -> None:

@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from tqdm import tqdm
 
-from . import buckets, data, distributed, lastwords, models, peaks, profiling, stepgraph, tensorboard
+from . import buckets, compilecache, data, distributed, lastwords, models, peaks, profiling, stepgraph, tensorboard
 from .meters import COMPILE_WARMUP, LossLog, StepClock, check_timed, timing_fields, untimed_steps  # noqa: F401
 from .precision import (SkippedSteps, autocast, backend_flags, grad_scaler, set_cudnn_benchmark,  # noqa: F401
                         set_precision_flags)  # tl.engine.set_precision_flags: notebook 01
@@ -467,6 +467,8 @@ def prepared_run(cfg: TrainConfig, make_run=Run):
             with backend_flags():
                 distributed.check_launch(cfg.parallel, env)
                 cfg.check_runtime(env.device.type, env.world_size, env.launched)
+                if cfg.compile and (said := compilecache.use()):  # the shared cache, before anything compiles
+                    log(env, said)
                 run = make_run(cfg, env)
                 early.hand_over(run)
                 try:

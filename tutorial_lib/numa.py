@@ -4,12 +4,19 @@ torchrun's NUMA binding left it) and the job's binding variables (SLURM_CPU_BIND
 process runs on CPUs far from its GPU, or on every CPU of a node with several NUMA nodes (unbound): the input
 pipeline and the kernel launches then cross the socket link, and throughput drops with no error.
 
-No torch here: the facts come from text (nvidia-smi's, /sys's), so the tests read them from fixtures.
+No torch at import: the facts come from text (nvidia-smi's, /sys's), so the tests read them from fixtures.
+A job asks `python -m tutorial_lib.numa --torchrun-flag node` on its node whether its torchrun may bind each rank
+there (`torchrun_binding`: torch's own binding, tried for every GPU; the job's template prints the answer).
+Where torchrun can't bind (no numactl, an older torch), `torchrun --no-python ... python -m tutorial_lib.numa
+--exec-bound python -m tutorial_lib train ...` binds each rank by hand (`bind_to_gpu`): the bound-against-unbound
+measurement on a GPU node uses it.
 """
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,7 +105,8 @@ def verdict(places: list[GpuPlace], mine: frozenset, gpu: int | None, environ=os
     text = f"{where}. This process: CPUs {_ranges(mine)}, binding {binding(environ)}"
     place = next((p for p in places if p.gpu == gpu), None)
     fix = ("bind each rank to its GPU's NUMA node: srun --cpu-bind=... as your site advises, or torchrun "
-           "--numa-binding=node where your torch has it (torchrun --help lists it)")
+           "--numa-binding=node where your torch has it (torchrun --help lists it); the workbook's jobs bind as the site "
+           "profile's numa_binding and cpu_bind say")
     if not places:
         return "SKIP", "no GPU topology (no nvidia-smi topo -m, no /sys entry)", ""
     if len(nodes) <= 1:
@@ -113,21 +121,44 @@ def verdict(places: list[GpuPlace], mine: frozenset, gpu: int | None, environ=os
     return "WARN", text + f": {len(far)} of its CPUs are far from GPU {gpu} (NUMA node {place.numa_node})", fix
 
 
+def gpu_places(timeout: float) -> list[GpuPlace]:
+    """Every GPU's place on this node: `nvidia-smi topo -m`, else /sys from the GPUs' bus ids; [] without them."""
+    from .sitecheck import run_command  # the doctor's bounded command runner
+
+    if shutil.which("nvidia-smi") is None:
+        return []
+    code, out = run_command(["nvidia-smi", "topo", "-m"], timeout)
+    places = from_topo(out) if code == 0 else []
+    if not places:
+        code, out = run_command(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader"], timeout)
+        places = from_sysfs(out.splitlines()) if code == 0 else []
+    return places
+
+
 def check_numa(ctx):
     """The doctor's `numa` line (doctor.CHECKS): this process's binding against its GPU's NUMA node."""
-    import shutil
-
-    from .sitecheck import Check, run_command
+    from .sitecheck import Check
 
     if shutil.which("nvidia-smi") is None:
         return Check("numa", "SKIP", "no nvidia-smi: no GPU to bind to")
-    code, out = run_command(["nvidia-smi", "topo", "-m"], ctx.opts.timeout)
-    places = from_topo(out) if code == 0 else []
-    if not places:
-        code, out = run_command(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader"], ctx.opts.timeout)
-        places = from_sysfs(out.splitlines()) if code == 0 else []
+    places = gpu_places(ctx.opts.timeout)
     mine = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
     return Check("numa", *verdict(places, mine, my_gpu()))
+
+
+def bind_to_gpu(environ=os.environ, timeout: float = 30) -> str:
+    """Pin this process to the CPUs near its GPU (its LOCAL_RANK's, as my_gpu finds it), among those it may use: a
+    binding by hand that needs no numactl (`python -m tutorial_lib.numa --exec-bound CMD ...`, which then runs CMD,
+    bound: the affinity passes on). One line saying what it did."""
+    gpu = my_gpu(environ)
+    place = next((p for p in gpu_places(timeout) if p.gpu == gpu), None)
+    if place is None or not place.cpus:
+        return f"off: GPU {gpu} is not in this node's topology (nvidia-smi topo -m)"
+    cpus = place.cpus & frozenset(os.sched_getaffinity(0))
+    if not cpus:
+        return f"off: none of this process's CPUs is near GPU {gpu} (NUMA node {place.numa_node})"
+    os.sched_setaffinity(0, cpus)
+    return f"rank {environ.get('RANK', '?')}: GPU {gpu}, CPUs {_ranges(cpus)} (NUMA node {place.numa_node})"
 
 
 def _ranges(cpus) -> str:
@@ -141,3 +172,55 @@ def _ranges(cpus) -> str:
     if run:
         out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
     return ",".join(out) or "none"
+
+
+def torchrun_binding(mode: str) -> tuple[str | None, str]:
+    """(torchrun's `--numa-binding=MODE`, or None, and why): whether a job's torchrun may bind each rank on this node.
+    Off where this torchrun lacks the option (torch < 2.9), numactl is missing (torchrun binds through it), no GPU is
+    visible, or torch's binding fails for a GPU (e.g. its NUMA node holds none of the job's CPUs): torchrun would
+    stop that rank, so the job runs unbound instead and its log says why."""
+    import torch  # a job's one question, on its node
+
+    try:
+        from torch.distributed.run import get_args_parser
+        from torch.numa import binding
+    except ImportError:
+        binding = None
+    if binding is None or "--numa-binding" not in get_args_parser().format_help():
+        return None, f"torch {torch.__version__}'s torchrun has no --numa-binding (torch 2.9 or newer has it)"
+    if shutil.which("numactl") is None:
+        return None, "no numactl on this node: torchrun binds through it (ask your admins to install it)"
+    if not torch.cuda.is_available():
+        return None, "no GPU visible here: nothing to bind to"
+    options = binding.NumaOptions(affinity_mode=binding.AffinityMode(mode))
+    for gpu in range(torch.cuda.device_count()):
+        try:  # what torchrun itself runs for the rank of this GPU (a private function: checked, not assumed)
+            binding._get_validated_logical_cpus_to_bind_to(device_index=gpu, numa_options=options)
+        except Exception as e:  # noqa: BLE001 -- any failure here would stop that rank under torchrun
+            return None, f"torch's {mode} binding fails for GPU {gpu} ({type(e).__name__}: {e})"
+    return f"--numa-binding={mode}", f"each rank on the CPUs of its GPU's NUMA node (--numa-binding={mode})"
+
+
+USAGE = ("usage: python -m tutorial_lib.numa --torchrun-flag node|socket|exclusive|core-complex\n"
+         "       python -m tutorial_lib.numa --exec-bound COMMAND [ARG ...]")
+
+
+def main(argv: list[str]) -> int:
+    """`python -m tutorial_lib.numa --torchrun-flag MODE` (a job's line): the flag on stdout and exit 0, or exit 1;
+    either way one line on stderr for the log, saying what was decided and why. `--exec-bound COMMAND ...`: this
+    process bound to its GPU's CPUs (bind_to_gpu), then COMMAND in its place (torchrun --no-python starts it)."""
+    if len(argv) >= 2 and argv[0] == "--exec-bound":
+        print(f"CPU binding: {bind_to_gpu()}", file=sys.stderr, flush=True)
+        os.execvp(argv[1], argv[1:])
+    if len(argv) != 2 or argv[0] != "--torchrun-flag" or argv[1] not in ("node", "socket", "exclusive", "core-complex"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    flag, why = torchrun_binding(argv[1])
+    print(f"CPU binding: {'torchrun ' + flag if flag else 'off'}: {why}", file=sys.stderr)
+    if flag:
+        print(flag)
+    return 0 if flag else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

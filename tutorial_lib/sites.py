@@ -99,9 +99,16 @@ class Site:
     launcher: str
     charge_per_gpu_hour: float | None = None  # optional: what one GPU-hour costs here (the ledger's cost column)
     charge_unit: str = "GPU-hours"  # optional: the unit of that charge, e.g. EUR, "core-hours", "allocation units"
+    compile_cache: str | None = None  # optional: the shared compile cache (make warm fills it; jobs export it)
+    cpu_bind: str | None = None  # optional: srun --cpu-bind=VALUE on every srun line (e.g. cores); null: Slurm's default
+    gpu_bind: str | None = None  # optional: srun --gpu-bind=VALUE where srun starts a task per GPU (e.g. closest)
+    numa_binding: str | None = None  # optional: torchrun --numa-binding=VALUE (node, ...) where the node allows it
 
 
-OPTIONAL_KEYS = ("charge_per_gpu_hour", "charge_unit")  # a profile may leave these out
+OPTIONAL_KEYS = ("charge_per_gpu_hour", "charge_unit", "compile_cache", "cpu_bind", "gpu_bind", "numa_binding")
+NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")  # torchrun's --numa-binding (torch >= 2.9)
+BIND_RE = re.compile(r"[A-Za-z0-9_:,]+")  # Slurm's --cpu-bind / --gpu-bind: cores, map_gpu:0,1, verbose,closest
+CACHE_RE = re.compile(r"[A-Za-z0-9_./${}-]+")  # a path; $VARS expand in the job (e.g. $SCRATCH/compile-cache)
 
 
 def site_names() -> list[str]:
@@ -146,6 +153,7 @@ def _check_site(site: Site, path: Path) -> Site:
             raise UserError(f"setup={site.setup!r} must be text: write its shell lines as a YAML block "
                             "(setup: | and the lines indented below it)")
         _check_charge(site)
+        _check_binding(site)
         if site.gpu_request not in GPU_REQUESTS:
             raise UserError(f"gpu_request={site.gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
         for key in ("gpus_per_node", "cpus_per_gpu", "max_nodes"):
@@ -175,6 +183,21 @@ def _check_charge(site: Site) -> None:
     if not isinstance(site.charge_unit, str) or not site.charge_unit.strip():
         raise UserError(f"charge_unit={site.charge_unit!r} must be text, e.g. EUR or \"allocation units\"")
     check_one_line("charge_unit", site.charge_unit)
+
+
+def _check_binding(site: Site) -> None:
+    """The binding keys and the compile cache: words srun and torchrun read, a path the job exports."""
+    for key in ("cpu_bind", "gpu_bind"):
+        if getattr(site, key) is not None:
+            check_pattern(key, getattr(site, key), BIND_RE, "letters, digits, '_', ':' and ','",
+                          f"e.g. {key}: {'cores' if key == 'cpu_bind' else 'closest'} (`srun --{key.replace('_', '-')}"
+                          "=help` lists what your Slurm takes), or null")
+    if site.numa_binding is not None and site.numa_binding not in NUMA_BINDINGS:
+        raise UserError(f"numa_binding={site.numa_binding!r} is not one of {', '.join(NUMA_BINDINGS)} (torchrun's "
+                        "--numa-binding), or null")
+    if site.compile_cache is not None:
+        check_pattern("compile_cache", site.compile_cache, CACHE_RE, "letters, digits, '_', '.', '/', '-' and $VARS",
+                      "e.g. compile_cache: /shared/workshop/compile-cache or $SCRATCH/compile-cache, or null")
 
 
 def check_slurm_words(r) -> None:
