@@ -335,15 +335,22 @@ def show_tab(ui, d, name: str):
 
 
 def set_submit(ui, d):
-    """Opt in to notebook 01's job: in the parameters cell, double-click False on the SUBMIT line, type True."""
+    """Opt in to notebook 01's job: in the parameters cell, double-click False on the SUBMIT line, type True. A
+    learner's clone kept from an earlier session (nbgitpuller keeps their edits) may already say True: kept."""
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
-    cell = ui.code_cell(d, "SUBMIT = False")
-    word = cell.find_element(By.XPATH, ".//div[contains(@class, 'cm-line')][starts-with(normalize-space(.), "
-                                       "'SUBMIT')]//*[normalize-space(text())='False']")
-    d.execute_script("arguments[0].scrollIntoView()", word)
-    ActionChains(d).double_click(word).send_keys("True").perform()
+    # the cell whose source has the line (not one whose output quotes it: 01 prints "SUBMIT = False: ..." later)
+    line = ("//div[contains(@class, 'jp-NotebookPanel') and not(contains(@class, 'lm-mod-hidden'))]"
+            "//div[contains(@class, 'jp-CodeCell')][.//div[contains(@class, 'cm-line')]"
+            "[starts-with(normalize-space(.), 'SUBMIT = ')]]")
+    cell = ui.waiter(d).until(lambda d: next(iter(d.find_elements(By.XPATH, line)), False),
+                              "no code cell with the line SUBMIT = ...")
+    if "SUBMIT = True" not in cell.text:
+        word = cell.find_element(By.XPATH, ".//div[contains(@class, 'cm-line')][starts-with(normalize-space(.), "
+                                           "'SUBMIT')]//*[normalize-space(text())='False']")
+        d.execute_script("arguments[0].scrollIntoView()", word)
+        ActionChains(d).double_click(word).send_keys("True").perform()
     ui.waiter(d, 10).until(lambda _: "SUBMIT = True" in cell.text, "SUBMIT = True was not typed in")
     return cell
 
