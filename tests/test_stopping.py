@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tutorial_lib import data, engine
+from tutorial_lib import data, engine, launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["dataset=shapes", "model=resnet18_imagenet", "batch_size=8", "train_size=64", "val_size=16", "device=cpu",
@@ -27,21 +27,6 @@ def _start(argv: list[str], **env) -> subprocess.Popen:
                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
 
 
-def _descendants(pid: int) -> list[int]:
-    """`pid` and every process below it (children, their children, ...), read from /proc."""
-    parent = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            pass
-    found, todo = [], [pid]
-    while todo:
-        found.append(todo.pop())
-        todo += [child for child, ppid in parent.items() if ppid == found[-1]]
-    return found
-
-
 def _signal_job_after(p: subprocess.Popen, marker: str, sig: signal.Signals, timeout: float = 180) -> str:
     """Read `p`'s output until a line starts with `marker`, then send `sig` to `p` and every process below it
     (what scancel and a time limit without --signal do: Slurm signals every process of the job step, and
@@ -51,7 +36,7 @@ def _signal_job_after(p: subprocess.Popen, marker: str, sig: signal.Signals, tim
     for line in p.stdout:
         lines.append(line)
         if line.startswith(marker) or f"]:{marker}" in line:
-            pids = _descendants(p.pid)
+            pids = [p.pid, *launcher._descendants(p.pid)]  # the job step: the trainer and all below it
             for pid in pids:
                 try:
                     os.kill(pid, sig)
