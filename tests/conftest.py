@@ -79,3 +79,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def no_worker_left_behind(request):
+    """Every test ends the worker processes it started (DataLoader workers, spawned ranks). One left running is
+    a bug a learner meets too: the workbook's workers ignore SIGTERM, so Python's exit, which ends leftover
+    workers with it, would then wait for them forever (the test session, a kernel, a job)."""
+    import multiprocessing
+
+    yield
+    deadline = time.monotonic() + 10  # a worker told to stop may take a moment to exit
+    while (left := multiprocessing.active_children()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for proc in left:
+        proc.kill()  # the session goes on, and ends
+    assert not left, f"{request.node.nodeid} left worker processes running: {[p.name for p in left]}"

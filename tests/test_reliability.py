@@ -764,6 +764,31 @@ def test_a_bad_image_file_is_named(small_folder, tmp_path, capsys, bad, workers)
     assert ("31x40 pixels, not 32x32" in err) == ("odd size" in bad)
 
 
+def test_a_process_that_leaves_its_loader_mid_epoch_still_exits():
+    """The workers ignore SIGTERM (a job's stop signal is for the trainer); a program that drops a loader
+    mid-epoch without closing it must still exit, not wait for its workers forever."""
+    code = ("import torch; from torch.utils.data import TensorDataset; from tutorial_lib import data\n"
+            "loader = data.WorkbookLoader(TensorDataset(torch.arange(64.)), batch_size=4, num_workers=2,\n"
+            "                             worker_init_fn=data._worker_init)\n"
+            "KEPT = iter(loader); next(KEPT); print('one batch', flush=True)\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "one batch" in p.stdout, p.stderr
+
+
+def test_persistent_workers_ended_early_are_started_again():
+    from torch.utils.data import TensorDataset
+
+    from tutorial_lib import data
+
+    loader = data.WorkbookLoader(TensorDataset(torch.arange(16.)), batch_size=4, num_workers=1,
+                                 persistent_workers=True, worker_init_fn=data._worker_init)
+    first = iter(loader)
+    next(first)
+    data.end_workers(first)  # what a run's end does mid-epoch
+    assert [len(b[0]) for b in loader] == [4, 4, 4, 4]  # new workers serve the next epoch
+    data.end_workers(loader._iterator)
+
+
 @pytest.mark.parametrize("hidden", [".DS_Store", "._00000.png", ".ipynb_checkpoints/x.png"])
 def test_hidden_files_in_an_image_folder_are_skipped(small_folder, tmp_path, hidden):
     import shutil

@@ -8,11 +8,14 @@ resumed from a checkpoint sees exactly the images the uninterrupted run would ha
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import gc
 import math
+import multiprocessing.util
 import signal
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -234,8 +237,35 @@ class WorkbookLoader(DataLoader):
     """A DataLoader whose workers ignore the job's stop signals (see worker_init)."""
 
     def __iter__(self):
+        if getattr(self._iterator, "_shutdown", False):  # persistent workers ended early (end_workers): new ones
+            self._iterator = None
         with stop_signals_held():  # iter() forks the workers (each epoch, unless persistent)
-            return super().__iter__()
+            it = super().__iter__()
+        if self.num_workers:
+            _with_workers.add(it)
+        return it
+
+
+# Workers that ignore SIGTERM also ignore the terminate() with which Python ends a process's remaining workers at
+# exit, and that exit then waits for them forever: a run that failed part-way (an unreadable image) hung instead
+# of ending with its error. So the workers are ended the way torch ends them at the end of an epoch: when a run's
+# batches stop early (end_workers), and, for an iterator nobody closed, at exit, before multiprocessing's own exit
+# handler (atexit runs the last registered first, and multiprocessing.util registered its handler on import).
+_with_workers: weakref.WeakSet = weakref.WeakSet()
+
+
+def end_workers(it) -> None:
+    """End the worker processes of DataLoader iterator `it` now, as torch does after an epoch (a no-op for an
+    iterator without workers or whose workers have ended)."""
+    shutdown = getattr(it, "_shutdown_workers", None)  # torch's own orderly shutdown, idempotent
+    if shutdown is not None:
+        shutdown()
+
+
+@atexit.register
+def _end_workers_at_exit() -> None:
+    for it in list(_with_workers):
+        end_workers(it)
 
 
 class EpochSampler(DistributedSampler):
@@ -309,8 +339,12 @@ def _one_line_errors(batches):
     try:
         yield from batches
     except UserError as e:
+        end_workers(batches)
         last = str(e).strip().splitlines()[-1]
         raise type(e)(last.split(": ", 1)[1] if "Original Traceback" in str(e) else str(e)) from None
+    except BaseException:  # an error, or the run's batches closed before the epoch's end (GeneratorExit)
+        end_workers(batches)  # not after a whole epoch: persistent workers serve the next one
+        raise
 
 
 class CudaPrefetcher:

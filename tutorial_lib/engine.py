@@ -216,10 +216,14 @@ class Run:
         """(x, y) on the device forever, epoch after epoch, starting where self.step says (resume)."""
         epoch, start = divmod(self.step * self.cfg.grad_accum_steps, self.steps_per_epoch)
         while True:
-            for x, y in self.input.epoch(epoch, start):
-                with profiling.nvtx_range("h2d copy", self.cfg.nvtx):
-                    batch = self.prepare(x, y)
-                yield batch  # outside the range: one left open across the yield would cover the whole step
+            batches = self.input.epoch(epoch, start)
+            try:
+                for x, y in batches:
+                    with profiling.nvtx_range("h2d copy", self.cfg.nvtx):
+                        batch = self.prepare(x, y)
+                    yield batch  # outside the range: one left open across the yield would cover the whole step
+            finally:  # the run ended mid-epoch (its last step, an error, a stop): the loader's workers end now
+                batches.close()
             epoch, start = epoch + 1, 0
 
     def fit(self) -> Result:
@@ -260,6 +264,7 @@ class Run:
         def report(wait: bool = False) -> None:
             self.report_losses(self.loss_log.ready(wait), writer, first_step, progress)
         vote = distributed.StopVote(env, cfg.log_every, self.total_steps)  # cast a step before a log step: no sync
+        batches = None
         try:
             self.check_stop()  # a signal during set-up
             with profiling.profiler(cfg, env) as prof:
@@ -303,6 +308,8 @@ class Run:
             with distributed.collective(f"step {self.step + 1}", env):
                 raise e
         finally:
+            if batches is not None:
+                batches.close()  # ends the DataLoader's workers now, not when the garbage is collected
             progress.close()
             if writer:
                 writer.close()
