@@ -380,7 +380,7 @@ def test_a_full_disk_for_tensorboard_is_one_line(small_tmpfs, tb_state, where):
 
 
 # ---------------------------------------------------------------- links planted in out_dir
-PLANTED = [".lock", "checkpoint.pt.tmp", f".result.json.{os.getpid()}.tmp", "result.json", "tb"]
+PLANTED = [".lock", "checkpoint.pt.tmp", ".result.json.{pid}.tmp", "result.json", "tb"]  # {pid}: this process's
 
 
 @pytest.mark.parametrize("name", PLANTED)
@@ -390,6 +390,7 @@ def test_a_link_planted_in_out_dir_never_makes_the_run_write_through_it(tmp_path
     run writes must not make the run overwrite what it points to. The lock refuses links; every other file is
     written as a fresh file under a random name, then renamed over the name (which replaces a link, not its
     target)."""
+    name = name.format(pid=os.getpid())  # the run trains in this process (ids are the same in every xdist worker)
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     out = tmp_path / "run"
