@@ -5,8 +5,6 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8888
-# pytest-xdist workers for make test (0: one process). Each test file and notebook runs whole on one worker.
-TEST_WORKERS ?= 2
 
 .PHONY: help venv kernel lab workbook handout doctor warm test data slurm-up slurm-down hub hub-down clean
 
@@ -69,8 +67,7 @@ test: venv
 	else echo "not root: the local Slurm cluster is not started and the Slurm tests will be skipped"; fi
 	@bash scripts/install-browser.sh
 	@if [ "$$(id -u)" = 0 ]; then bash scripts/hub/hub.sh prepare || echo "hub: not prepared (above): the hub test will fail"; fi
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --nbval-lax --nbval-current-env \
-		--durations=15 tests notebooks
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest --nbval-lax --nbval-current-env --durations=15 tests notebooks
 
 data: venv
 	$(BIN)/python -m tutorial_lib data fetch cifar10 cifar100 mnist imagefolder
