@@ -338,13 +338,12 @@ def _one_line_errors(batches):
     its own one line (e.g. the image file that can't be read)."""
     try:
         yield from batches
-    except UserError as e:
-        end_workers(batches)
+    except BaseException as e:  # an error, or the run's batches closed before the epoch's end (GeneratorExit)
+        end_workers(batches)  # not after a whole epoch: persistent workers serve the next one
+        if not isinstance(e, UserError):
+            raise
         last = str(e).strip().splitlines()[-1]
         raise type(e)(last.split(": ", 1)[1] if "Original Traceback" in str(e) else str(e)) from None
-    except BaseException:  # an error, or the run's batches closed before the epoch's end (GeneratorExit)
-        end_workers(batches)  # not after a whole epoch: persistent workers serve the next one
-        raise
 
 
 class CudaPrefetcher:
