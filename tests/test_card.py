@@ -106,6 +106,7 @@ def test_the_cli_cards_a_transformer_of_its_own_file(gpt_file, tmp_path, capsys)
     assert [r["gpus"] for r in rec["ddp"]["rows"]] == [2, 4, 8]
     assert all(0 < r["efficiency_exposed"] <= r["efficiency_hidden"] <= 1 for r in rec["ddp"]["rows"])
     assert rec["ddp"]["bandwidth"]["backend"] == "gloo" and rec["ddp"]["bandwidth"]["bus_gb_s"] > 0
+    assert rec["ddp"]["measured"]["why"].startswith("not measured: this node has 0 GPUs")  # auto: a CPU measures none
     assert rec["memory"]["largest_batch"] is None and "n/a on a CPU" in rec["memory"]["why"]
     assert rec["recommended"]["rung"] in rows and not rows[rec["recommended"]["rung"]]["skipped"]
     page = (out / "card.md").read_text()
@@ -125,6 +126,28 @@ def test_the_job_s_command_trains_the_model(gpt_file, tmp_path, capsys):
     assert code == 0
     result = tl.load_result(out)
     assert result.steps == 6 and result.config["precision"] == "bf16" and result.flops_per_image > 0
+
+
+def test_ddp_measured_beside_the_prediction(gpt_file, tmp_path):
+    """ddp_gpus=2: the recommendation trained by the card's command line on one process and as DDP on two (gloo
+    here; GPUs on a node with several), the weak-scaling efficiency beside the predicted range."""
+    out = tmp_path / "card"
+    result = tl.card(f"{gpt_file}:make_model", f"{gpt_file}:batch", small=True, quiet=True, rungs="fp32",
+                     ddp_gpus=2, out=str(out))
+    m = result.ddp["measured"]
+    assert m["why"] is None and m["gpus"] == 2 and m["unit"] == "CPU processes (gloo)"
+    records = json.loads((out / "ddp" / "cases.json").read_text())
+    one, two = records["one_gpu"]["result"], records["ddp_2"]["result"]
+    assert one["world_size"] == 1 and one["config"]["parallel"] == "none"
+    assert two["world_size"] == 2 and two["config"]["parallel"] == "ddp" and two["global_batch"] == 2 * one["global_batch"]
+    assert m["efficiency"] == pytest.approx(two["throughput_img_s"] / (2 * one["throughput_img_s"]))
+    row = dict(result.summary_rows())["DDP efficiency measured"]
+    assert row.startswith(f"{m['efficiency']:.2f} on 2 CPU processes") and "; predicted 0." in row
+    given_as_objects = tl.card(_load(gpt_file).make_model, _load(gpt_file).batch, small=True, quiet=True,
+                               rungs="fp32", ddp_gpus=2, out=str(tmp_path / "objects"))
+    assert "name them as MODULE:FUNCTION" in given_as_objects.ddp["measured"]["why"]
+    for bad in ("1", "two", "-2"):
+        assert f"ddp_gpus={bad!r} must be auto, 0" in _error(nn.Linear(4, 2), images(), ddp_gpus=bad)
 
 
 def _load(path):

@@ -212,7 +212,8 @@ def card(argv: list[str]) -> int:
     return 0
 
 
-CARD_KEYS = ("steps", "window", "warmup", "rungs", "compile_on_cpu", "out", "site", "jobs_dir", "job_steps")
+CARD_KEYS = ("steps", "window", "warmup", "rungs", "compile_on_cpu", "out", "site", "jobs_dir", "job_steps",
+             "ddp_gpus")
 
 
 def _card_epilog() -> str:  # the keys of lessons.card.CARD_KEYS (a test holds the two equal), without importing torch

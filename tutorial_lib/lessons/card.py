@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import allreduce, bench, ladder, noise, size as size_switch
+from . import allreduce, bench, card_ddp, ladder, noise, size as size_switch
 from .card_report import Card, write_job
 from .. import engine, ownmodel
 from ..config import TrainConfig, UserError, load
@@ -55,7 +55,8 @@ CARD_KEYS = {"steps": "timed steps per measure", "window": "steps per timed wind
              "out": "folder of card.json, card.md, the runs and the job", "site": "site profile of the job",
              "rungs": "comma list: measure only these rungs (fp32 always)", "compile_on_cpu": "compile on a CPU too",
              "jobs_dir": "folder of the job's sbatch file (default: out)",
-             "job_steps": "steps of the training job"}
+             "job_steps": "steps of the training job",
+             "ddp_gpus": "DDP measured beside the prediction on this many: auto (2 or 4 GPUs where the node has them), 0, N"}
 
 
 # ---------------------------------------------------------------------------------------- the call
@@ -68,6 +69,7 @@ def card(model: Any, batch: Any = None, loss: Any = None, *, small: bool | None 
     started = time.perf_counter()
     opts, cfg = split_overrides(overrides)
     sizes = sized(size_switch.current(small), opts)
+    ddp_gpus, no_ddp = card_ddp.gpus_to_measure(opts.get("ddp_gpus"))  # a bad value fails here, before any work
     parts, specs = user_parts(model, batch, loss)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     probe = probe_model(parts, cfg)
@@ -85,6 +87,7 @@ def card(model: Any, batch: Any = None, loss: Any = None, *, small: bool | None 
     rec = recommend(rows, plan)
     memory = largest_batch(parts, rec["config"], probe, sizes.batch_cap)
     ddp = predict_ddp(probe, rec["row"])
+    ddp["measured"] = card_ddp.measure(specs, rec["config"], ddp_gpus, no_ddp, sizes, out)
     job = write_job(specs, rec["config"], opts.get("jobs_dir", out), opts.get("site"), int(opts.get("job_steps", 1000)))
     result = Card.build(specs, probe, bench_result, rows, rec, memory, ddp, job, time.perf_counter() - started)
     result.save(out)

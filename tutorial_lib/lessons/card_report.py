@@ -7,7 +7,7 @@ import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import bench, ladder, noise
+from . import bench, card_ddp, ladder, noise
 from .. import jobs
 from ..config import TrainConfig, UserError
 from ..perfdoc import fmt
@@ -68,6 +68,8 @@ class Card:
             ("all-reduce bus bandwidth", f"{b['bus_gb_s']:.2f} GB/s between {b['where']}, messages of {_mb(b['nbytes'])}"),
             (f"DDP efficiency predicted on {gpus} GPUs", f"{preds} (from: nothing overlaps, to: the all-reduce "
                                                           "hides behind the backward pass)"),
+            ("DDP efficiency measured", card_ddp.line(self.ddp.get("measured") or {"why": "not measured"},
+                                                      self.ddp["rows"])),
             ("training job", self.job.get("path") or self.job["why"]),
         ]
 
