@@ -270,6 +270,11 @@ def test_performance_doc_names_card_torch_date_and_what_limits_the_last_rung():
     assert "## NVIDIA H200 (torch 2.11.0, 2026-11-26)" in doc and "| fp32 | fp32 | 256 | 9,000 |" in doc
     assert "### What limits the last rung" in doc and "compute 90%" in doc and "`sm90_xmma_fprop` | 20 |" in doc
     assert "No reference run on an H100 yet" in doc and "No reference run on an H200" not in doc  # says what is missing
+    assert "notebook 07's card" not in doc  # no card pages, no section
+    page = "## Card: gpt on NVIDIA H200 (torch 2.11.0)\n\n| | |\n|---|---|\n| model | gpt |\n"
+    with_card = perfdoc.performance_doc([rec], cards=[page])
+    assert with_card.startswith(doc.rstrip("\n")) and "## Other models: notebook 07's card" in with_card
+    assert "### Card: gpt on NVIDIA H200 (torch 2.11.0)\n\n| | |" in with_card  # a heading level down, as it was
 
 
 def test_kernel_classes_put_fused_triton_before_the_words_it_fuses():
