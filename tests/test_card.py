@@ -292,3 +292,18 @@ def test_the_largest_batch_search():
     assert good <= 37 * 8 < bad and bad - good <= good // 8 + 8 and tried[:6] == [2, 4, 8, 16, 32, 64]
     assert card_module.search_batch(lambda k: True, 8, 64) == (64, None)
     assert card_module.search_batch(lambda k: False, 8, 4096) == (8, 16)
+
+
+def test_figures_whose_windows_differ_by_more_than_themselves_print_their_range():
+    """The IO of a batch made by a function on the host swings by orders of magnitude between windows: a
+    ±1705% says nothing; the windows' range does."""
+    from tutorial_lib.lessons import bench, card_report
+
+    wild = bench.Measurement("io", 208_998.0, 42_856.0, 7_168_459.0, 5, 6, 0, [208_998.0])
+    calm = bench.Measurement("full", 380.0, 378.0, 382.0, 5, 6, 0, [380.0])
+    assert bench._figure(wild) == "208,998 (windows 42,856 to 7,168,459)" and bench._figure(calm) == "380 (±1%)"
+    assert card_report._band({"img_s": 208_998.0, "img_s_low": 42_856.0, "img_s_high": 7_168_459.0}) == \
+        "208,998.0 (windows 42,856 to 7,168,459)"
+    verdict = "compute-bound: FULL 380 (±0%) ≈ SYNTHETIC 380 (±0%) < IO 208,998 img/s — compute in bf16: x (notebook 04)"
+    assert card_report._bound_only(verdict) == ("compute-bound: FULL 380 (±0%) ≈ SYNTHETIC 380 (±0%) < IO 208,998 "
+                                                "samples/s — the rungs below measure what each change buys")

@@ -37,7 +37,8 @@ def _worker(rank: int, world: int, port: int, backend: str, nbytes: int, iters: 
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            **({"device_id": device} if device.type == "cuda" else {}))  # barrier() knows its GPU
     buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
     for _ in range(3):  # warm-up: the communicator's set-up, the first connection
         dist.all_reduce(buf)

@@ -265,8 +265,12 @@ def verdict(figures: dict, cfg: TrainConfig, device_type: str) -> tuple[str, str
 
 
 def _figure(m: Measurement) -> str:
-    """A figure with its spread: half the range of its windows, in percent of the figure."""
-    return f"{m.img_s:,.0f} (±{50 * (m.img_s_high - m.img_s_low) / m.img_s:.0f}%)"
+    """A figure with its spread: half the range of its windows, in percent of the figure (windows that differ by
+    more than the figure itself: their range)."""
+    half = 50 * (m.img_s_high - m.img_s_low) / m.img_s
+    if half >= 100:
+        return f"{m.img_s:,.0f} (windows {m.img_s_low:,.0f} to {m.img_s_high:,.0f})"
+    return f"{m.img_s:,.0f} (±{half:.0f}%)"
 
 
 def _relation(a: noise.Figure, b: noise.Figure) -> str:

@@ -37,8 +37,7 @@ class Card:
         figures = {m: asdict(f) for m, f in bench_result.figures.items()}
         recommended = {k: v for k, v in rec.items() if k != "config"}
         return cls(specs["name"], specs, probe["device"], torch.__version__, probe,
-                   {"figures": figures, "bound": bench_result.bound,
-                    "verdict": (bench_result.verdict or "").replace("img/s", "samples/s") or None},
+                   {"figures": figures, "bound": bench_result.bound, "verdict": _bound_only(bench_result.verdict)},
                    rows, ladder.verdicts(rows), recommended, memory, ddp, job, wall_s)
 
     # ------------------------------------------------------------------------------------ the page
@@ -109,8 +108,19 @@ class Card:
                 atomic_write_text(Path(out) / "card.md", self.markdown() + "\n"))
 
 
+def _bound_only(verdict: str | None) -> str | None:
+    """The bench's verdict without its generic advice (the rungs of the card measure each change instead)."""
+    if not verdict:
+        return None
+    bound = verdict.replace("img/s", "samples/s").split(" — ")[0]
+    return bound + " — the rungs below measure what each change buys" if " — " in verdict else bound
+
+
 def _band(m: dict) -> str:
+    """A figure and its spread; windows that differ by more than the figure itself as their range."""
     f = noise.Figure.of(m["img_s"], m["img_s_low"], m["img_s_high"])
+    if f.spread >= 1:
+        return f"{m['img_s']:,.1f} (windows {m['img_s_low']:,.0f} to {m['img_s_high']:,.0f})"
     return f"{m['img_s']:,.1f} (±{100 * f.spread:.0f}%)"
 
 
