@@ -28,7 +28,7 @@ from . import scaling
 from .cases import Case, Runner, Selection, node_gpus, trace_figures, why_missing
 from ..config import TrainConfig, UserError
 
-BUDGET_S = 360  # full size: cases that would start past this are skipped (and say so); one device call is 600 s
+BUDGET_S = 480  # full size: cases that would start past this are skipped (and say so); one device call is 600 s
 TRACED = dict(profile=True, profile_ranks="all", profile_warmup=1, profile_memory=False, profile_record_shapes=False)
 GROUPS = {  # which cell of notebook 05 shows (or names as missing) which cases: every case in exactly one
     "dp": r"dp_\d+", "overhead": r"(one_eager|dp_\d+)_b1024", "trap": r"dp_\d+_cudnn",
