@@ -38,7 +38,9 @@ B256_OVER_B1024 = 0.75  # one GPU's img/s at batch 256 over 1024 in this recipe 
 BASE_LR, WARMUP_IMAGES = 2e-3, 100_000
 # shapes_hard is learned to 99.5% in about 0.5 million images (7 s of one H200): no target well below its ceiling
 # stays out of reach for a minute. shapes_faint draws the shapes' contrast from a continuum down to almost nothing,
-# so accuracy keeps rising as the network learns fainter shapes (calibrate it: the race's one-GPU run)
+# meant to keep accuracy rising as the network learns fainter shapes. On 4x H200 (torch 2.11) its one-GPU run, on
+# the default 50,000 training images, peaked at 70.5% after 17 s and then fell slowly (over-fitting): no target
+# held. Calibrate before the next reference race (a larger train_size, or a longer race)
 RACE_DATASET = "shapes_faint"
 
 
