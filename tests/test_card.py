@@ -143,6 +143,7 @@ def test_ddp_measured_beside_the_prediction(gpt_file, tmp_path):
     assert m["efficiency"] == pytest.approx(two["throughput_img_s"] / (2 * one["throughput_img_s"]))
     row = dict(result.summary_rows())["DDP efficiency measured"]
     assert row.startswith(f"{m['efficiency']:.2f} on 2 CPU processes") and "; predicted 0." in row
+    assert 0 < m["wall_s"] < result.wall_s and f", {m['wall_s']:.0f} s of it measuring DDP." in result.markdown()
     given_as_objects = tl.card(_load(gpt_file).make_model, _load(gpt_file).batch, small=True, quiet=True,
                                rungs="fp32", ddp_gpus=2, out=str(tmp_path / "objects"))
     assert "name them as MODULE:FUNCTION" in given_as_objects.ddp["measured"]["why"]

@@ -10,6 +10,7 @@ with fewer than 2), 0 (never), or N (N processes; on a CPU they are gloo process
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -56,18 +57,23 @@ def measure(specs: dict, cfg: TrainConfig, gpus: int, why: str | None, sizes, ou
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     estimate = ESTIMATE_S["cuda" if visible else "cpu"]
     runner = cases.Runner(out / "ddp", 3 * estimate, visible)
+    started = time.perf_counter()
     runner.run(cases.Case("one_gpu", base, 1, "the recommendation on 1 GPU", command="card", args=args,
                           estimate_s=estimate))
     runner.run(cases.Case(f"ddp_{gpus}", base.replace(parallel="ddp"), gpus, f"the recommendation as DDP on {gpus}",
                           command="card", args=args, estimate_s=estimate))
     runner.save()
+    wall_s = round(time.perf_counter() - started, 1)
     one, many = runner.result("one_gpu"), runner.result(f"ddp_{gpus}")
     if one is None or many is None:
         failed = next(r for r in runner.records.values() if r.get("result") is None)
-        return {"why": f"not measured: {failed['about']} {failed['status']} (its output: {out / 'ddp' / 'cases.log'})"}
+        return {"why": f"not measured: {failed['about']} {failed['status']} (its output: {out / 'ddp' / 'cases.log'})",
+                "wall_s": wall_s}
     point = scaling.efficiency(many, one, "weak")
-    return {"why": None, "gpus": gpus, "unit": "GPUs" if visible else "CPU processes (gloo)", "efficiency": point.efficiency, "one_gpu_samples_s": one["throughput_img_s"],
-            "ddp_samples_s": many["throughput_img_s"], "timed_steps": sizes.steps, "log": str(out / "ddp" / "cases.log")}
+    return {"why": None, "gpus": gpus, "unit": "GPUs" if visible else "CPU processes (gloo)",
+            "efficiency": point.efficiency, "one_gpu_samples_s": one["throughput_img_s"],
+            "ddp_samples_s": many["throughput_img_s"], "timed_steps": sizes.steps,
+            "log": str(out / "ddp" / "cases.log"), "wall_s": wall_s}
 
 
 def line(measured: dict, predicted: list[dict]) -> str:

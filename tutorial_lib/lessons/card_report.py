@@ -92,8 +92,10 @@ class Card:
     def markdown(self) -> str:
         head = f"## Card: {self.name} on {self.device} (torch {self.torch_version})"
         rows = ["| | |", "|---|---|"] + [f"| {k} | {str(v).replace('|', '/')} |" for k, v in self.summary_rows()]
+        ddp_s = (self.ddp.get("measured") or {}).get("wall_s")
         note = (f"Each rung is one change on top of the last rung that ran; a difference smaller than the spread of "
-                f"the step times is within noise (at least ±{100 * noise.FLOOR:.0f}%). Measured in {self.wall_s:.0f} s.")
+                f"the step times is within noise (at least ±{100 * noise.FLOOR:.0f}%). Measured in {self.wall_s:.0f} s"
+                + (f", {ddp_s:.0f} s of it measuring DDP." if ddp_s else "."))
         return "\n".join([head, "", *rows, "", self.rung_table(), "", note])
 
     def __repr__(self) -> str:
