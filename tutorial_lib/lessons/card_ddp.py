@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from . import cases, scaling
+from . import card_report, cases, scaling
 from ..config import TrainConfig, UserError
 from ..meters import untimed_steps
 
@@ -46,11 +46,10 @@ def measure(specs: dict, cfg: TrainConfig, gpus: int, why: str | None, sizes, ou
     after the untimed ones, into <out>/ddp; the measured efficiency, or why there is none."""
     if not gpus:
         return {"why": why}
-    if not specs.get("model") or not specs.get("batch") or (specs["loss_rule"] == "yours" and not specs.get("loss")):
+    args = card_report.train_args(specs)
+    if args is None:
         return {"why": "not measured: the model or the batch was given as an object; name them as MODULE:FUNCTION "
                        "(a .py file or a module) so that fresh processes can build them"}
-    args = (specs["model"], "--batch", specs["batch"], *(("--loss", specs["loss"]) if specs.get("loss") else ()),
-            "--train")
     warm = untimed_steps(cfg, sizes.warmup)
     base = cfg.replace(parallel="none", steps=warm + sizes.steps, timing_warmup=warm, log_every=warm + sizes.steps,
                        eval=False, tensorboard=False, ckpt_every=0)
@@ -58,10 +57,10 @@ def measure(specs: dict, cfg: TrainConfig, gpus: int, why: str | None, sizes, ou
     estimate = ESTIMATE_S["cuda" if visible else "cpu"]
     runner = cases.Runner(out / "ddp", 3 * estimate, visible)
     started = time.perf_counter()
-    runner.run(cases.Case("one_gpu", base, 1, "the recommendation on 1 GPU", command="card", args=args,
+    runner.run(cases.Case("one_gpu", base, 1, "the recommendation on 1 GPU", command="card", args=tuple(args),
                           estimate_s=estimate))
     runner.run(cases.Case(f"ddp_{gpus}", base.replace(parallel="ddp"), gpus, f"the recommendation as DDP on {gpus}",
-                          command="card", args=args, estimate_s=estimate))
+                          command="card", args=tuple(args), estimate_s=estimate))
     runner.save()
     wall_s = round(time.perf_counter() - started, 1)
     one, many = runner.result("one_gpu"), runner.result(f"ddp_{gpus}")
@@ -75,13 +74,3 @@ def measure(specs: dict, cfg: TrainConfig, gpus: int, why: str | None, sizes, ou
             "ddp_samples_s": many["throughput_img_s"], "timed_steps": sizes.steps,
             "log": str(out / "ddp" / "cases.log"), "wall_s": wall_s}
 
-
-def line(measured: dict, predicted: list[dict]) -> str:
-    """The card's row: the measured efficiency beside the predicted range for the same GPU count."""
-    if measured.get("why"):
-        return measured["why"]
-    n, unit = measured["gpus"], measured.get("unit", "GPUs")
-    pred = next((p for p in predicted if p["gpus"] == n), None)
-    beside = (f"; predicted {pred['efficiency_exposed']:.2f}-{pred['efficiency_hidden']:.2f}" if pred else "")
-    return (f"{measured['efficiency']:.2f} on {n} {unit} ({measured['ddp_samples_s']:,.1f} samples/s against "
-            f"{n} x {measured['one_gpu_samples_s']:,.1f} on 1){beside}")

@@ -7,7 +7,7 @@ import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import bench, card_ddp, ladder, noise
+from . import bench, ladder, noise
 from .. import jobs
 from ..config import TrainConfig, UserError
 from ..perfdoc import fmt
@@ -67,7 +67,7 @@ class Card:
             ("all-reduce bus bandwidth", f"{b['bus_gb_s']:.2f} GB/s between {b['where']}, messages of {_mb(b['nbytes'])}"),
             (f"DDP efficiency predicted on {gpus} GPUs", f"{preds} (from: nothing overlaps, to: the all-reduce "
                                                           "hides behind the backward pass)"),
-            ("DDP efficiency measured", card_ddp.line(self.ddp.get("measured") or {"why": "not measured"},
+            ("DDP efficiency measured", measured_line(self.ddp.get("measured") or {"why": "not measured"},
                                                       self.ddp["rows"])),
             ("training job", self.job.get("path") or self.job["why"]),
         ]
@@ -110,6 +110,18 @@ class Card:
                 atomic_write_text(Path(out) / "card.md", self.markdown() + "\n"))
 
 
+def measured_line(measured: dict, predicted: list[dict]) -> str:
+    """The card's row "DDP efficiency measured" (lessons/card_ddp.py measures it): the efficiency beside the
+    predicted range for the same GPU count, or why there is none."""
+    if measured.get("why"):
+        return measured["why"]
+    n, unit = measured["gpus"], measured.get("unit", "GPUs")
+    pred = next((p for p in predicted if p["gpus"] == n), None)
+    beside = (f"; predicted {pred['efficiency_exposed']:.2f}-{pred['efficiency_hidden']:.2f}" if pred else "")
+    return (f"{measured['efficiency']:.2f} on {n} {unit} ({measured['ddp_samples_s']:,.1f} samples/s against "
+            f"{n} x {measured['one_gpu_samples_s']:,.1f} on 1){beside}")
+
+
 def _bound_only(verdict: str | None) -> str | None:
     """The bench's verdict without its generic advice (the rungs of the card measure each change instead)."""
     if not verdict:
@@ -144,17 +156,24 @@ def _flops(v: float | None) -> str:
 
 
 # ---------------------------------------------------------------------------------------- the job
+def train_args(specs: dict) -> list[str] | None:
+    """`MODEL --batch B [--loss L] --train`: the card's command line that trains the model (a job, a DDP measure);
+    None when the model, batch or loss was given as an object with no MODULE:FUNCTION (no fresh process can build it)."""
+    if not specs.get("model") or not specs.get("batch") or (specs["loss_rule"] == "yours" and not specs.get("loss")):
+        return None
+    return [specs["model"], "--batch", specs["batch"], *(["--loss", specs["loss"]] if specs.get("loss") else []), "--train"]
+
+
 def job_command(specs: dict, cfg: TrainConfig, steps: int, out_dir: str) -> list[str] | None:
     """`python -m tutorial_lib card MODEL --batch B [--loss L] --train key=value ...`: the model trained with the
     recommended configuration; None when the model or batch was given as an object with no MODULE:FUNCTION."""
-    if not specs.get("model") or not specs.get("batch") or (specs["loss_rule"] == "yours" and not specs.get("loss")):
+    args = train_args(specs)
+    if args is None:
         return None
     keys = [o for o in cfg.to_overrides() if o.split("=", 1)[0] in
             ("precision", "channels_last", "optimizer_impl", "compile", "compile_mode", "cuda_graph", "optimizer", "lr",
              "weight_decay", "momentum", "num_workers", "seed")]
-    words = ["python", "-m", "tutorial_lib", "card", specs["model"], "--batch", specs["batch"]]
-    words += ["--loss", specs["loss"]] if specs.get("loss") else []
-    return words + ["--train", f"steps={steps}", *keys, f"out_dir={out_dir}"]
+    return ["python", "-m", "tutorial_lib", "card", *args, f"steps={steps}", *keys, f"out_dir={out_dir}"]
 
 
 def write_job(specs: dict, rec_cfg: TrainConfig, jobs_dir, site: str | None, steps: int) -> dict:
