@@ -328,9 +328,9 @@ def mui_select(driver, current: str, choice: str):
     menu = waiter(driver).until(lambda d: next((m for m in css(d, "[aria-haspopup=listbox]") if m.text == current),
                                                False), f"no drop-down showing {current!r}")
     menu.click()
-    options = waiter(driver).until(lambda d: css(d, "li[role=option]"))
-    option = next((o for o in options if o.text == choice), None)
-    assert option, f"{choice!r} is not offered; the options: {[o.text for o in options]}"
+    # an option's text reads "" until the menu's opening animation shows it: wait for the choice, not for any option
+    option = waiter(driver).until(lambda d: next((o for o in css(d, "li[role=option]") if o.text == choice), False),
+                                  f"{choice!r} is never offered in the drop-down showing {current!r}")
     option.click()
     waiter(driver).until(lambda d: not css(d, "li[role=option]"))
     return driver.find_element(By.XPATH, "//main")
