@@ -248,3 +248,17 @@ def test_the_scaling_jobs_trace_their_largest_point_instead_of_switching_sync_of
     assert [p["batch_size"] for p in sweep] == ["1024", "256", "1024"]
     assert sweep[2]["profile"] == "true" and sweep[2]["profile_ranks"] == "all"
     assert all("grad_sync" not in p for p in sweep)
+
+
+def test_shapes_drawn_by_several_processes_are_the_same_images(monkeypatch):
+    """A large set (the race's) is drawn in chunks by a pool of processes; the images and labels are those one
+    process draws, and the pool leaves no process behind (the conftest checks)."""
+    from tutorial_lib import shapes
+
+    one = shapes.make_shapes(3000, seed=4, chunk=512, faint=True, workers=1)
+    two = shapes.make_shapes(3000, seed=4, chunk=512, faint=True, workers=2)
+    assert all((a == b).all() for a, b in zip(one, two)) and one[0].shape == (3000, 32, 32, 3)
+    monkeypatch.setattr(shapes, "PARALLEL_FROM", 1000)  # the default: parallel from that size, same images
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert (shapes.make_shapes(3000, seed=4, chunk=512, faint=True)[0] == one[0]).all()
+    assert shapes._cpu_share() >= 1

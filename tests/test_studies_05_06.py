@@ -242,7 +242,7 @@ def test_a_study_without_a_target_records_why_and_runs_no_race_point(tmp_path):
                   scaling_study.more_race_stage):
         stage(FULL, runner, fig)
     assert runner.records["weak_1"] is prior["weak_1"]  # the same configuration: kept
-    assert "another configuration (dataset=shapes_hard, now shapes_faint)" in runner.records["race_1"]["status"]
+    assert "another configuration (dataset=shapes_hard, now shapes_faint" in runner.records["race_1"]["status"]
     assert fig["race"]["target"] is None and "did not run" in fig["race"]["why"]
     points = [k for k in runner.records if k.startswith("race_2_")]
     assert len(points) == 4 and all("no target" in runner.records[k]["status"] for k in points)

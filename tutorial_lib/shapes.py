@@ -11,28 +11,48 @@ target accuracy, which needs a target that one GPU reaches after a minute, well 
 from __future__ import annotations
 
 import functools
+import multiprocessing
+import os
 
 import numpy as np
 
 SHAPE_NAMES = ("disk", "square", "diamond", "ring", "plus", "cross", "hbar", "vbar", "triangle", "frame")
 
 
+PARALLEL_FROM = 200_000  # images: sets this large are drawn by several processes (a race's million: seconds, not minutes)
+
+
 def make_shapes(n: int, seed: int, size: int = 32, chunk: int = 4096,
-                hard: bool = False, faint: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                hard: bool = False, faint: bool = False, workers: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """`n` images (n, size, size, 3) uint8 of ten shape classes on noisy backgrounds, and their labels
     (hard=True: the shapes_hard set; faint=True: shapes_faint).
 
-    Deterministic from `seed`; the first k images are the same whatever `n` is (chunks have their own seeds).
-    (Notebook 00 teaches it.)
+    Deterministic from `seed`; the first k images are the same whatever `n` is (chunks have their own seeds),
+    and whatever `workers` draws them (default: one below PARALLEL_FROM images, else this process's share of the
+    CPUs). (Notebook 00 teaches it.)
     """
-    images, labels = [], []
-    for start in range(0, n, chunk):
-        rng = np.random.default_rng([seed, start // chunk, *([7] if hard else [11] if faint else [])])
-        m = min(chunk, n - start)
-        x, y = (_hard_chunk if hard else _faint_chunk if faint else _shape_chunk)(rng, chunk, size)
-        images.append(x[:m])
-        labels.append(y[:m])
-    return np.concatenate(images), np.concatenate(labels)
+    draw = functools.partial(_chunk, n=n, seed=seed, size=size, chunk=chunk, hard=hard, faint=faint)
+    starts = range(0, n, chunk)
+    workers = min(len(starts), _cpu_share() if workers is None and n >= PARALLEL_FROM else workers or 1)
+    if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+        with multiprocessing.get_context("fork").Pool(workers) as pool:  # numpy only: safe to fork
+            parts = pool.map(draw, starts)
+    else:
+        parts = [draw(start) for start in starts]
+    return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+
+
+def _chunk(start: int, n: int, seed: int, size: int, chunk: int, hard: bool, faint: bool):
+    rng = np.random.default_rng([seed, start // chunk, *([7] if hard else [11] if faint else [])])
+    x, y = (_hard_chunk if hard else _faint_chunk if faint else _shape_chunk)(rng, chunk, size)
+    m = min(chunk, n - start)
+    return x[:m], y[:m]
+
+
+def _cpu_share() -> int:
+    """The CPUs this process may use, shared with the other ranks on its node (torchrun's LOCAL_WORLD_SIZE)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(32, cpus // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
 
 
 def _shape_chunk(rng: np.random.Generator, m: int, size: int) -> tuple[np.ndarray, np.ndarray]:

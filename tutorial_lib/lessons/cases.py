@@ -31,7 +31,8 @@ from ..config import TrainConfig, UserError, usable_cpus
 
 KEEP = ("config", "device", "world_size", "steps", "global_batch", "throughput_img_s", "step_time_ms",
         "data_wait_ms", "val_accuracy", "peak_memory_mb", "wall_time_s", "torch_version", "compile_time_s",
-        "mfu", "val_history", "host_parts_ms")  # a result's fields a record keeps (not its loss curve)
+        "mfu", "val_history", "host_parts_ms", "gpu_hours", "gpu_hours_to_target", "kwh_to_target", "energy_j",
+        "joules_per_image", "energy_note")  # a result's fields a record keeps (not its loss curve)
 
 
 @dataclass
@@ -165,8 +166,9 @@ class Runner:
             procs = max(procs, 2)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "KINETO_LOG_LEVEL": "99",
                "OMP_NUM_THREADS": str(max(1, usable_cpus() // procs)), **case.env}
-        if self.gpus_here:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(case.gpus))
+        if self.gpus_here:  # the first of the GPUs this process was given (Slurm's, or CUDA_VISIBLE_DEVICES')
+            given = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join((given or [str(i) for i in range(self.gpus_here)])[:case.gpus])
         words, limit = case.command_line(), min(timeout, self.left() + 30)
         with open(self.log_path, "a") as log:
             log.write(f"\n===== {case.name}: {case.about}\n$ {' '.join(words[1:])}\n")
