@@ -177,7 +177,22 @@ def test_mobilenet_from_a_dataset(tmp_path):
                 out=str(tmp_path / "m"))
     rows = {r["rung"]: r for r in c.rows}
     assert c.probe["batch"] == 4 and "TensorDataset in a DataLoader" in c.probe["source"]
-    assert not rows["channels_last"]["skipped"] and rows["bf16"]["skipped"] == "left out (rungs=...)"
+    assert not rows["channels_last"]["skipped"] and rows["bf16"]["skipped"].startswith("left out (rungs=...)")
+
+
+def test_a_rung_asked_for_alone_is_the_ladders_rung():
+    """rungs=step_graph measures the configuration the whole ladder's step_graph row has (bf16, fused, compiled,
+    graphed), not one change on top of fp32: the rungs left out keep their changes (notebook 07 measures the
+    recommended rung again at twice the batch this way)."""
+    from tutorial_lib.config import TrainConfig
+    from tutorial_lib.lessons import card
+
+    cfg, probe = TrainConfig(out_dir="runs/x"), {"device_type": "cuda", "convolutions": True}
+    whole = {r.name: (c, why) for r, c, why in card.rung_plan(cfg, probe, None, False)}
+    alone = {r.name: (c, why) for r, c, why in card.rung_plan(cfg, probe, ["step_graph"], False)}
+    assert alone["step_graph"] == whole["step_graph"] and whole["step_graph"][1] is None
+    assert alone["step_graph"][0].cuda_graph and alone["step_graph"][0].precision == "bf16"
+    assert alone["bf16"][1].startswith("left out (rungs=...)") and alone["fp32"][1] is None
 
 
 def test_a_vision_transformer_of_torchvision(tmp_path):

@@ -258,7 +258,8 @@ def measure_bench(parts: ownmodel.Parts, cfg: TrainConfig, sizes: CardSizes) -> 
 
 def rung_plan(cfg: TrainConfig, probe: dict, only: list[str] | None, compile_on_cpu: bool) -> list[tuple]:
     """The ladder's rungs that apply, each (Rung, config, why it is left out or None), one change on top of the
-    last rung that runs."""
+    last rung that runs or that `only` leaves out (its change is kept: rungs=step_graph measures the ladder's
+    step_graph)."""
     cuda = probe["device_type"] == "cuda"
     current = cfg.replace(precision="fp32", channels_last=False, optimizer_impl="foreach", compile=False,
                           compile_mode="default", cuda_graph=False)
@@ -278,9 +279,8 @@ def rung_plan(cfg: TrainConfig, probe: dict, only: list[str] | None, compile_on_
         elif not cuda and rung.overrides.get("compile") and not compile_on_cpu:
             reason = "torch.compile takes minutes on a small CPU (compile_on_cpu=true includes it)"
         elif only and rung.name not in only and rung.name != "fp32":
-            reason = "left out (rungs=...)"
-        elif reason:
-            pass
+            current = run_cfg  # not measured, but the rungs above build on its change, as on the whole ladder
+            reason = "left out (rungs=...): its change is kept for the rungs above"
         if reason is None:
             current = run_cfg
         plan.append((rung, run_cfg, reason))

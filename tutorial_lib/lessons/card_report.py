@@ -66,7 +66,7 @@ class Card:
             ("gradients all-reduced per step", f"{_mb(p['grad_bytes'])} (fp32)"),
             ("all-reduce bus bandwidth", f"{b['bus_gb_s']:.2f} GB/s between {b['where']}, messages of {_mb(b['nbytes'])}"),
             (f"DDP efficiency predicted on {gpus} GPUs", f"{preds} (from: nothing overlaps, to: the all-reduce "
-                                                          "hides behind the backward pass)"),
+                                                          "hides behind the backward pass)" + _floor_note(p, b)),
             ("DDP efficiency measured", measured_line(self.ddp.get("measured") or {"why": "not measured"},
                                                       self.ddp["rows"])),
             ("training job", self.job.get("path") or self.job["why"]),
@@ -191,3 +191,13 @@ def write_job(specs: dict, rec_cfg: TrainConfig, jobs_dir, site: str | None, ste
         return {"path": None, "why": f"none: {e}"}
     return {"path": jobs.shown_path(path), "command": " ".join(shlex.quote(w) for w in command),
             "site": site or jobs.default_site()}
+
+
+def _floor_note(probe: dict, bandwidth: dict) -> str:
+    """A GPU card whose all-reduce was timed between CPU processes (a node with one GPU): its prediction is for GPUs
+    that talk no faster than that, which NVLink or PCIe GPUs do not."""
+    if probe.get("device_type") != "cuda" or bandwidth.get("backend") != "gloo":
+        return ""
+    return ("; at the CPU floor above, so a lower bound: GPUs joined by NVLink or PCIe all-reduce many times faster, "
+            "and on a node with 2 or more GPUs the card times their own link")
+
