@@ -125,3 +125,22 @@ def test_the_drill_job_fails_on_the_local_slurm_and_its_folder_names_the_frozen_
     report = hang.read_report(out)
     assert report.suspects == [1] and report.rank(1)["phase"] == hang.FROZEN
     assert report.fr_missing_ranks == [1]
+
+
+def test_a_flight_recorder_reader_that_fails_is_one_line_not_its_stack(tmp_path, monkeypatch):
+    """torch 2.11's torchfrtrace fails on gloo dumps with a traceback; the report says the reader failed, with its
+    last line, and where the dumps are, and keeps the ranks' own diagnosis."""
+    import subprocess
+
+    from tutorial_lib.lessons import hang
+
+    folder = tmp_path / "flight_recorder"
+    folder.mkdir()
+    (folder / "rank_0").write_bytes(b"x")
+    stack = "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nKeyError: 'process_group'\n"
+    monkeypatch.setattr(hang.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1, "", stack))
+    report = hang.HangReport(out_dir=str(tmp_path))
+    hang._read_flight_recorder(report, folder, 2)
+    assert report.flight_recorder.startswith("the reader failed on these dumps (torch ")
+    assert "KeyError: 'process_group'" in report.flight_recorder and "Traceback" not in report.flight_recorder
+    assert str(folder) in report.flight_recorder and not report.fr_missing_ranks

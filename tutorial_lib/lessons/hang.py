@@ -31,6 +31,9 @@ FROZEN = "frozen by the drill (no collective)"
 FR_PREFIX = "rank_"  # the flight recorder's files: <out_dir>/flight_recorder/rank_<R>
 
 
+DUMP_WAIT_MS = 2000  # the dump of 2000 records takes well under a second: 4 x 2 s = 8 s after the timeout
+
+
 def flight_recorder_env(out_dir: str | Path) -> dict:
     """The environment that turns PyTorch's flight recorder on for a run in `out_dir`: a record of each rank's
     last 2000 collectives, dumped into <out_dir>/flight_recorder/rank_<R> when a collective times out (NCCL does
@@ -41,7 +44,10 @@ def flight_recorder_env(out_dir: str | Path) -> dict:
     new = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 7)
     return {("TORCH_FR_BUFFER_SIZE" if new else "TORCH_NCCL_TRACE_BUFFER_SIZE"): "2000",
             ("TORCH_FR_DUMP_TEMP_FILE" if new else "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"): prefix,
-            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            # after a timeout NCCL's watchdog waits 4x this for every rank's dump before it ends the process: 60 s
+            # by default, measured on 2 H100s as a run that failed 80 s after the freeze with dist_timeout_s=20
+            "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": str(DUMP_WAIT_MS)}
 
 
 def record_collectives(out_dir: str | Path, environ=None) -> None:
@@ -211,6 +217,13 @@ def _read_flight_recorder(report: HangReport, folder: Path, world_size: int) -> 
                           FR_PREFIX, *words], capture_output=True, text=True, timeout=120)
     said = [_short_path(l) for l in (run.stdout + run.stderr).splitlines()
             if l.strip() and "tabulate is not installed" not in l]
+    if run.returncode != 0:  # the reader itself failed (torch 2.11's on gloo records, say): its error, not its stack
+        import torch
+
+        report.flight_recorder = (f"the reader failed on these dumps (torch {torch.__version__}): "
+                                  f"{said[-1] if said else f'exit code {run.returncode}'}; the ranks' last words "
+                                  f"above still name the rank that stopped (the dumps are in {folder})")
+        return
     report.flight_recorder = "\n".join(said[:20]) or "(the reader found every collective joined by every rank)"
     text = "\n".join(said)
     missing = re.search(r"missing ranks: \{([\d, ]*)\}", text)
