@@ -86,3 +86,14 @@ def test_exec_bound_pins_a_rank_to_its_gpus_cpus_then_runs_the_command(tmp_path)
                        env=env, cwd=ROOT, timeout=60)
     assert p.returncode == 0 and p.stdout == "[1]\n", p.stderr
     assert "CPU binding: rank 1: GPU 1, CPUs 1 (NUMA node 1)" in p.stderr
+
+
+def test_places_prints_each_gpus_numa_node_and_cpus_as_json(monkeypatch, capsys):
+    """`python -m tutorial_lib.numa --places`: what the study `cluster` records of the node."""
+    import json
+
+    monkeypatch.setattr(numa, "gpu_places", lambda timeout: [numa.GpuPlace(0, 0, frozenset({0, 1, 2, 5})),
+                                                             numa.GpuPlace(1, None, frozenset())])
+    assert numa.main(["--places"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"gpu": 0, "numa_node": 0, "cpus": "0-2,5"},
+                                                   {"gpu": 1, "numa_node": None, "cpus": "none"}]

@@ -145,3 +145,29 @@ def test_doctor_out_writes_the_report_and_the_gpu_lines_as_a_reference_record(tm
     assert main(["doctor", "--out", str(tmp_path / "cpu"), "--reference"]) == 2  # no GPU: nothing committed
     assert "no CUDA GPU is visible" in capsys.readouterr().err
     assert reference.load("doctor", tmp_path / "cpu" / "reference")["card"] == "none (no CUDA GPU visible)"
+
+
+def test_the_cluster_study_checks_energy_a_hang_and_the_binding(tmp_path, one_thread):
+    """scripts/gpu/cluster.sh on a GPU node; here its CPU path: the energy check says why it has nothing to check
+    against, the drill names rank 1 on gloo, the binding check says why there is nothing to bind. The page renders
+    it, and a GPU node's figures too."""
+    from tutorial_lib import perfdoc
+
+    studies.run("cluster", size.Size(True, "test"), tmp_path)
+    record = reference.load("06_cluster_checks", tmp_path)
+    e, h, n = (record["figures"][k] for k in ("energy", "hang", "numa"))
+    assert e["energy_j"] is None and e["energy_note"] and "nothing to check the counter against" in e["why"]
+    assert h["backend"] == "gloo" and h["suspects"] == [1] and h["dist_timeout_s"] == 5
+    assert 5 <= h["after_freeze_s"] < 60 and "rank 1" in h["verdict"]
+    assert n["why"].startswith("no GPU here")
+    page = "\n".join(perfdoc.cluster_section(record))
+    assert "## Cluster checks on CPU (small mode)" in page and "- **Hang drill**: gloo, rank 1 frozen" in page
+    gpu = {**record, "figures": {
+        "energy": {"nvml_j": 33306.8, "power_draw_j": 33348.1, "window_s": 48.5, "ratio": 0.99876,
+                   "within_5_percent": True, "joules_per_image": 0.00856, "throughput_img_s": 80558},
+        "hang": {**h, "backend": "nccl"},
+        "numa": {"gpus": {}, "img_s": {"unbound_1": 100.0, "bound_1": 110.0, "unbound_2": 100.0, "bound_2": 110.0},
+                 "bound_over_unbound": 1.1, "run": {"gpus": 4}}}}
+    page = "\n".join(perfdoc.cluster_section(gpu))
+    assert "33,307 J over the timed window (48.5 s)" in page and "ratio 0.9988 (within 5%)" in page
+    assert "DDP on 4 GPUs" in page and "1.10x (unbound_1 100" in page

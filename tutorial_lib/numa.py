@@ -202,13 +202,20 @@ def torchrun_binding(mode: str) -> tuple[str | None, str]:
 
 
 USAGE = ("usage: python -m tutorial_lib.numa --torchrun-flag node|socket|exclusive|core-complex\n"
-         "       python -m tutorial_lib.numa --exec-bound COMMAND [ARG ...]")
+         "       python -m tutorial_lib.numa --exec-bound COMMAND [ARG ...]\n"
+         "       python -m tutorial_lib.numa --places")
 
 
 def main(argv: list[str]) -> int:
     """`python -m tutorial_lib.numa --torchrun-flag MODE` (a job's line): the flag on stdout and exit 0, or exit 1;
-    either way one line on stderr for the log, saying what was decided and why. `--exec-bound COMMAND ...`: this
-    process bound to its GPU's CPUs (bind_to_gpu), then COMMAND in its place (torchrun --no-python starts it)."""
+    either way one line on stderr for the log, saying what was decided and why. `--places`: gpu_places as JSON.
+    `--exec-bound COMMAND ...`: this process bound to its GPU's CPUs (bind_to_gpu), then COMMAND in its place
+    (torchrun --no-python starts it)."""
+    if argv == ["--places"]:  # each GPU's NUMA node and nearby CPUs, as JSON (the study `cluster` records them)
+        import json
+
+        print(json.dumps([{"gpu": p.gpu, "numa_node": p.numa_node, "cpus": _ranges(p.cpus)} for p in gpu_places(30)]))
+        return 0
     if len(argv) >= 2 and argv[0] == "--exec-bound":
         print(f"CPU binding: {bind_to_gpu()}", file=sys.stderr, flush=True)
         os.execvp(argv[1], argv[1:])

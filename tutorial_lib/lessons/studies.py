@@ -55,6 +55,8 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           "DDP's knobs"),
     Study("scaling", "scaling_study:study", "06", 4, "weak and strong scaling, the race to a target accuracy, the "
           "all-reduce's cost, notebook 01's baseline"),
+    Study("cluster", "cluster:study", "06", 2, "what a cluster user asks next: the energy counter against power.draw, "
+          "the hang drill on NCCL, CPU binding on the node's NUMA nodes"),
     Study("ddp_probe", "ddp_probe:study", "05", 4, "DDP at batch 256 per GPU form by form, and its gap traced by kernel class"),
 )}
 
