@@ -489,3 +489,32 @@ def _outputs(notebook: Path) -> list[str]:
             data = o.get("data", {})
             texts.append("".join(o.get("text") or data.get("text/markdown") or data.get("text/plain") or ""))
     return texts
+
+
+def test_the_cost_lines_say_which_faster_point_is_not_cheaper():
+    """06 under its reference table: GPU-seconds per million images (N / img/s) beside the speedup; a point is
+    dearer than one GPU only when its efficiency's whole band lies below 1, and then the line says so."""
+    f = copy.deepcopy(reference.load("06_scaling")["figures"])
+    lines = scaling_study.cost_lines(f)
+    rows = scaling_study.scaling_rows(f)
+    assert len(lines) == len(rows)
+    for line, row in zip(lines, rows):
+        p, (lo, hi) = row["point"], row["efficiency_band"]
+        assert f"{p.gpus * 1e6 / p.img_s:.1f} GPU-seconds per million images" in line
+        assert line.endswith("faster, not cheaper") == (hi < 1)
+        if hi < 1:
+            assert f"at {1 / p.efficiency:.2f}x the GPU-hours per image" in line
+    one = f["runs"]["weak_1"]["result"]
+    for name in ("weak_1", f"weak_{f['gpus']}"):
+        f["runs"][name]["result"]["joules_per_image"] = 0.01 if name == "weak_1" else 0.011
+    assert "; 0.0110 J per image against 0.0100" in scaling_study.cost_lines(f)[f["counts"].index(f["gpus"]) - 1]
+    for name in list(f["runs"]):  # the weak points only, each as fast per GPU as one GPU: within noise, said once
+        if name.startswith("strong_"):
+            del f["runs"][name]
+        elif name.startswith("weak_"):
+            n = f["runs"][name]["result"]["world_size"]
+            f["runs"][name]["result"].update(throughput_img_s=n * one["throughput_img_s"],
+                                             step_time_ms=one["step_time_ms"])
+    lines = scaling_study.cost_lines(f)
+    assert lines[-1] == "measured: no point here costs more per image than one GPU beyond the noise"
+    assert not any(x.endswith("not cheaper") for x in lines)

@@ -223,7 +223,33 @@ def scaling_rows(fig: dict) -> list[dict]:
             p = scaling.efficiency(run, base, "strong" if kind == "strong" else "weak")
         except UserError:  # another batch per GPU: not a weak point of the race's one-GPU run
             continue
-        out.append({"kind": kind, "point": p, **scaling.scaling_verdict(run, base, p.gpus)})
+        out.append({"kind": kind, "point": p, "run": run, "base": base, **scaling.scaling_verdict(run, base, p.gpus)})
+    return out
+
+
+def cost_lines(fig: dict) -> list[str]:
+    """What each multi-GPU point costs next to what it gains: GPU-seconds per million images (N GPUs / img/s;
+    1 / efficiency times one GPU's), so a point that is faster but dearer says so. Dearer only where the
+    efficiency's whole band lies below 1 (the noise rule); otherwise it is as cheap within noise."""
+    def per_million(gpus: int, img_s: float) -> float:
+        return gpus * 1e6 / img_s
+
+    out = []
+    for row in scaling_rows(fig):
+        p, (lo, hi) = row["point"], row["efficiency_band"]
+        one = per_million(1, p.img_s / p.speedup)
+        what = f"{row['kind']}, {p.gpus} GPUs at {p.batch_per_gpu} per GPU: {p.speedup:.2f}x the images per second"
+        cost = f"{per_million(p.gpus, p.img_s):.1f} GPU-seconds per million images against one GPU's {one:.1f}"
+        joules = [r.get("joules_per_image") for r in (row["run"], row["base"])]
+        if None not in joules:  # NVML's counter (records made without it have none)
+            cost += f"; {joules[0]:.4f} J per image against {joules[1]:.4f}"
+        if hi < 1:
+            out.append(f"{what}, at {1 / p.efficiency:.2f}x the GPU-hours per image ({cost}): faster, not cheaper")
+        else:
+            out.append(f"{what}, as cheap per image as one GPU within noise ({cost}; efficiency band "
+                       f"{lo:.2f}-{hi:.2f})")
+    if out and not any(line.endswith("not cheaper") for line in out):
+        out.append("measured: no point here costs more per image than one GPU beyond the noise")
     return out
 
 
