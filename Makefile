@@ -67,7 +67,7 @@ test: venv
 	else echo "not root: the local Slurm cluster is not started and the Slurm tests will be skipped"; fi
 	@bash scripts/install-browser.sh
 	@if [ "$$(id -u)" = 0 ]; then bash scripts/hub/hub.sh prepare || echo "hub: not prepared (above): the hub test will fail"; fi
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest --nbval-lax --nbval-current-env --durations=15 tests notebooks
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest --nbval-lax --nbval-current-env --durations=40 tests notebooks
 
 data: venv
 	$(BIN)/python -m tutorial_lib data fetch cifar10 cifar100 mnist imagefolder
