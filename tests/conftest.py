@@ -81,6 +81,18 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def slurm_requeue_job_early(request, tmp_path_factory):
+    """tests/test_slurm.py's requeue job, submitted as the session starts when that module is selected and the
+    local cluster answers: its minutes of waiting for Slurm overlap the other tests (test_slurm.submit_requeue_early)."""
+    if any(Path(str(item.fspath)).name == "test_slurm.py" for item in request.session.items):
+        import test_slurm  # the module pytest collected (tests/ is on sys.path)
+
+        if test_slurm.PROBLEM is None:
+            test_slurm.submit_requeue_early(tmp_path_factory.mktemp("slurm_requeue"))
+    yield
+
+
 @pytest.fixture(autouse=True)
 def no_worker_left_behind(request):
     """Every test ends the worker processes it started (DataLoader workers, spawned ranks). One left running is

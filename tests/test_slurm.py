@@ -97,11 +97,39 @@ def steps_lasting(seconds: float, work: Path, **cfg) -> int:
     return max(50, math.ceil(seconds * 1000 / step_ms))
 
 
-@pytest.fixture(scope="module")
-def requeue_steps(work) -> int:
+def _requeue_steps(work: Path) -> int:
     small = {k: v for k, v in tiny(work).to_dict().items() if k in ("dataset", "model", "batch_size", "train_size")}
     return steps_lasting(REQUEUE_SECONDS, work, device="cpu", num_workers=0, progress="false", tensorboard="false",
                          **small)
+
+
+def _requeue_spec(work: Path, steps: int) -> dict:
+    return dict(cfg=tiny(work / "requeue", steps=steps, log_every=50), site="local", time="00:01:00", requeue=10)
+
+
+def _submit(name: str, spec: dict, work: Path) -> Job:
+    fake = _fake_tools(work / "bin")
+    env = f"--export=ALL,PATH={fake}:{os.environ['PATH']},FAKE_PIDS={work}/smi.pids,FAKE_NSYS_LOG={work}/nsys"
+    spec = dict(spec)
+    path = jobs.write(f"t_{name}", spec.pop("cfg"), jobs_dir=work / "jobs", show=False,
+                      output=f"{work}/logs/%x-%j.out", **spec)
+    return jobs.submit(path, sbatch_args=[env])
+
+
+_EARLY: dict = {}  # the requeue job when tests/conftest.py submitted it at the session's start
+
+
+def submit_requeue_early(work: Path) -> None:
+    """The requeue job must outlive its one-minute time limit several times over, mostly waiting for the
+    controller's signal and the requeue; submitted when the session starts (tests/conftest.py, when this module
+    is selected and the cluster answers), it waits beside the other tests instead of at the end of this module."""
+    steps = _requeue_steps(work)
+    _EARLY.update(steps=steps, job=_submit("requeue", _requeue_spec(work, steps), work))
+
+
+@pytest.fixture(scope="module")
+def requeue_steps(work) -> int:
+    return _EARLY["steps"] if _EARLY else _requeue_steps(work)
 
 
 @pytest.fixture(scope="module")
@@ -110,13 +138,9 @@ def jobs_submitted(work, requeue_steps, request, tmp_path_factory):
     from test_slurm_signals import start_beside
 
     start_beside(request.session, tmp_path_factory)  # the stop-signal jobs wait for the cluster beside these
-    fake = _fake_tools(work / "bin")
-    env = f"--export=ALL,PATH={fake}:{os.environ['PATH']},FAKE_PIDS={work}/smi.pids,FAKE_NSYS_LOG={work}/nsys"
-    out = dict(output=f"{work}/logs/%x-%j.out")
     specs = {
-        # the long one first: it needs a time limit to pass
-        "requeue": dict(cfg=tiny(work / "requeue", steps=requeue_steps, log_every=50),
-                        site="local", time="00:01:00", requeue=10),
+        # the long one first: it needs a time limit to pass (submitted at the session's start when it could be)
+        **({} if _EARLY else {"requeue": _requeue_spec(work, requeue_steps)}),
         # the default profile, as the committed jobs/ files use it, with the monitor and line_profiler
         "single": dict(cfg=tiny(work / "single"), site="generic", cpus_per_task=1, gpu_monitor=1, line_profile=True),
         "torchrun": dict(cfg=tiny(work / "torchrun", parallel="ddp"), site="local", gpus_per_node=2),
@@ -128,11 +152,9 @@ def jobs_submitted(work, requeue_steps, request, tmp_path_factory):
         "fails": dict(cfg=tiny(work / "fails", dataset="cifar10", data_dir=str(work / "no-data")), site="local"),
         "ladder": dict(cfg=ladder_job(work)[0], sweep=ladder_job(work)[1], site="local"),  # notebook 04's job
     }
-    submitted = {}
+    submitted = {"requeue": _EARLY["job"]} if _EARLY else {}
     for name, spec in specs.items():
-        cfg = spec.pop("cfg")
-        path = jobs.write(f"t_{name}", cfg, jobs_dir=work / "jobs", show=False, **out, **spec)
-        submitted[name] = jobs.submit(path, sbatch_args=[env])
+        submitted[name] = _submit(name, spec, work)
     yield submitted
     for job in submitted.values():  # nothing left behind on the cluster when a test failed early
         subprocess.run(["scancel", job.id], capture_output=True)

@@ -93,7 +93,7 @@ def hang_check(base: TrainConfig, size, out: Path, gpus: list[int]) -> dict:
                        cuda_graph=False, **({} if size.small else {"batch_size": 256}))
     t = time.time()
     report = hang.drill(cfg, nproc=2, freeze_rank=1, at_step=size.pick(3, 10),
-                        dist_timeout_s=size.pick(5, HANG_TIMEOUT_S))
+                        dist_timeout_s=size.pick(3, HANG_TIMEOUT_S))
     return {"backend": "nccl" if gpus else "gloo", "dist_timeout_s": report.dist_timeout_s,
             "after_freeze_s": report.after_freeze_s, "drill_s": time.time() - t, "suspects": report.suspects,
             "waited_in": report.waited_in, "fr_missing_ranks": report.fr_missing_ranks,
