@@ -142,7 +142,9 @@ def test_ddp_measured_beside_the_prediction(gpt_file, tmp_path):
     assert two["world_size"] == 2 and two["config"]["parallel"] == "ddp" and two["global_batch"] == 2 * one["global_batch"]
     assert m["efficiency"] == pytest.approx(two["throughput_img_s"] / (2 * one["throughput_img_s"]))
     row = dict(result.summary_rows())["DDP efficiency measured"]
-    assert row.startswith(f"{m['efficiency']:.2f} on 2 CPU processes") and "; predicted 0." in row
+    two_row = next(x for x in result.ddp["rows"] if x["gpus"] == 2)  # the prediction for the same count
+    assert row.startswith(f"{m['efficiency']:.2f} on 2 CPU processes")
+    assert row.endswith(f"; predicted {two_row['efficiency_exposed']:.2f}-{two_row['efficiency_hidden']:.2f}")
     assert 0 < m["wall_s"] < result.wall_s and f", {m['wall_s']:.0f} s of it measuring DDP." in result.markdown()
     given_as_objects = tl.card(_load(gpt_file).make_model, _load(gpt_file).batch, small=True, quiet=True,
                                rungs="fp32", ddp_gpus=2, out=str(tmp_path / "objects"))
