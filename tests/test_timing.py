@@ -108,3 +108,24 @@ def test_step_clock_times_after_the_warm_up_from_its_marks():
     assert clock.total_seconds() == pytest.approx(sum(clock.step_times_ms()) / 1000)
     assert len(clock.window_seconds(2)) == 2 and clock.rate(6, 4) > 0
     assert clock.rate(2, 2) is None  # the warm-up was not timed
+
+
+def test_on_a_gpu_a_data_wait_counts_only_when_the_gpu_ran_dry(monkeypatch):
+    """A host blocked in next() while the GPU still works through queued steps (a full launch queue behind a
+    CUDA-graph step) is not a step waiting for data: the 06 bench printed 'waited 42% for data' beside FULL =
+    SYNTHETIC. The wait counts when the stream had nothing left to run; on a CPU every wait counts."""
+    clock = meters.StepClock(torch.device("cpu"), warmup=0)
+    idle = iter([False, True, False])
+    monkeypatch.setattr(meters, "device_idle", lambda: next(idle))
+    clock.start()
+    for seconds in (0.004, 0.003, 0.002):
+        clock.cuda = True  # data_wait asks the (fake) stream; the ticks time on the CPU
+        clock.data_wait(seconds)
+        clock.cuda = False
+        clock.tick()
+    assert clock.waits == [0.0, 0.003, 0.0]
+    assert clock._first_wait == 0.004  # the first step's compile time still leaves its whole wait out
+    cpu = meters.StepClock(torch.device("cpu"), warmup=0)
+    monkeypatch.setattr(meters, "device_idle", lambda: pytest.fail("a CPU run never asks a CUDA stream"))
+    cpu.data_wait(0.004)
+    assert cpu.waits == [0.004]

@@ -148,6 +148,11 @@ class HostParts:
 PARTS = HostParts()  # the one the loop's phases report to (profiling.nvtx_range)
 
 
+def device_idle() -> bool:
+    """Whether the current CUDA stream has finished all the work queued on it (cudaStreamQuery: no sync)."""
+    return torch.cuda.current_stream().query()
+
+
 class StepClock:
     """The one clock of the workbook (the training loop, the TensorBoard rate, every bench figure): a mark at
     the end of each step once `warmup` steps are done (warm-up: cuDNN autotuning, compilation, allocator
@@ -193,11 +198,15 @@ class StepClock:
             self.energy.mark("window")
 
     def data_wait(self, seconds: float) -> None:
-        """The step about to run waited `seconds` for its batch (counted once the warm-up is over)."""
+        """The step about to run waited `seconds` for its batch (counted once the warm-up is over). On a GPU the
+        wait counts only when the GPU had run out of queued work by the time the batch came (device_idle): while
+        it still works through earlier steps, a host blocked in next() costs the GPU nothing. That block is often
+        not even the data: a host far ahead of the GPU (a CUDA-graph step) blocks in the first launch it makes
+        once CUDA's launch queue is full, and with loader=gpu_resident that launch is the batch's gather."""
         if self.steps == 0:
             self._first_wait = seconds
         if self.steps >= self.warmup:
-            self.waits.append(seconds)
+            self.waits.append(seconds if not self.cuda or device_idle() else 0.0)
 
     def tick(self) -> None:
         """The end of a step."""

@@ -24,7 +24,7 @@ class Result:
     global_batch: int
     throughput_img_s: float
     step_time_ms: dict
-    data_wait_ms: float  # mean time a timed step waited for its batch
+    data_wait_ms: float  # mean time a timed step waited for its batch (on a GPU: while it had nothing queued)
     loss: list
     final_loss: float
     val_accuracy: float | None
