@@ -18,6 +18,7 @@ def test_topo_gives_each_gpus_numa_node_and_cpus():
     places = numa.from_topo(TOPO)
     assert [(p.gpu, p.numa_node) for p in places] == [(0, 0), (1, 0), (2, 1), (3, 1)]
     assert places[2].cpus == NODE1 and len(places[0].cpus) == 96
+    assert numa.from_topo(TOPO.strip()) == places  # as sitecheck.run_command returns it: the header is no GPU row
     assert numa.from_topo("nvidia-smi: command failed\n") == []
 
 
@@ -97,3 +98,29 @@ def test_places_prints_each_gpus_numa_node_and_cpus_as_json(monkeypatch, capsys)
     assert numa.main(["--places"]) == 0
     assert json.loads(capsys.readouterr().out) == [{"gpu": 0, "numa_node": 0, "cpus": "0-2,5"},
                                                    {"gpu": 1, "numa_node": None, "cpus": "none"}]
+
+
+def test_torchrun_command_runs_each_rank_through_the_binder(tmp_path):
+    """The study `cluster`'s bound DDP run: launcher.torchrun_command(wrapper=...) puts numa's --exec-bound between
+    torchrun and the CLI, so each rank (LOCAL_RANK from torchrun) is bound to its GPU's NUMA node and then trains."""
+    import json
+    import subprocess
+
+    from conftest import tiny
+    from tutorial_lib.launcher import torchrun_command
+
+    topo = tmp_path / "topo.txt"  # two GPUs on two NUMA nodes: GPU 0 near CPU 0, GPU 1 near CPU 1
+    topo.write_text("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tSYS\t0\t0\nGPU1\tSYS\t X \t1\t1\n")
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!{sys.executable}\nprint(open({str(topo)!r}).read())\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    cfg = tiny(tmp_path / "run", parallel="ddp", steps=4)
+    words = torchrun_command(cfg, 2, wrapper=(sys.executable, "-m", "tutorial_lib.numa", "--exec-bound"))
+    assert words[5:8] == ["--no-python", sys.executable, "-m"] and words[8:10] == ["tutorial_lib.numa", "--exec-bound"]
+    p = subprocess.run(words, capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    said = p.stdout + p.stderr
+    assert "rank 0: GPU 0, CPUs 0 (NUMA node 0)" in said and "rank 1: GPU 1, CPUs 1 (NUMA node 1)" in said, said
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["world_size"] == 2

@@ -44,6 +44,12 @@ def usable_cpus() -> int:
     return cpus
 
 
+def given_gpus(environ=os.environ) -> list[str]:
+    """The GPUs this process was given, as CUDA_VISIBLE_DEVICES names them (Slurm and torchrun set it; nvidia-smi
+    indexes or UUIDs), in order; [] when it is unset or empty: then every GPU of the node is visible."""
+    return [d.strip() for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+
+
 def default_workers(cpus: int | None = None) -> int:
     """The workbook's one rule for DataLoader workers: the process's CPUs minus one for the training loop,
     at most 8 (more rarely helps one GPU and multiplies memory). (Notebook 03 teaches it.)"""

@@ -25,11 +25,16 @@ from .config import TrainConfig, UserError, usable_cpus
 from .results import Result, load_result
 
 
-def torchrun_command(cfg: TrainConfig, nproc: int, command: str = "train", args: tuple = ()) -> list[str]:
+def torchrun_command(cfg: TrainConfig, nproc: int, command: str = "train", args: tuple = (),
+                     wrapper: tuple = ()) -> list[str]:
     """torchrun (on one node, its stores on 127.0.0.1: main below) and the CLI with the config as key=value:
-    tl.launch's command, and the GPU studies' (lessons/cases)."""
-    return [sys.executable, "-m", "tutorial_lib.launcher", "--standalone", f"--nproc_per_node={nproc}", "-m",
-            "tutorial_lib", command, *args, *cfg.to_overrides()]
+    tl.launch's command, and the GPU studies' (lessons/cases). `wrapper`: a program each rank runs, which then
+    runs the CLI in its place (the arguments it takes before the CLI's python), e.g. numa's --exec-bound."""
+    start = [sys.executable, "-m", "tutorial_lib.launcher", "--standalone", f"--nproc_per_node={nproc}"]
+    cli = ["-m", "tutorial_lib", command, *args, *cfg.to_overrides()]
+    if wrapper:  # torchrun --no-python runs the wrapper as the rank's program
+        return [*start, "--no-python", *wrapper, sys.executable, *cli]
+    return [*start, *cli]
 
 
 def launch(cfg: TrainConfig, nproc: int, extra_env: dict | None = None, timeout: float | None = None,

@@ -20,6 +20,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config import given_gpus
+
 
 @dataclass
 class GpuPlace:
@@ -54,6 +56,8 @@ def from_topo(text: str) -> list[GpuPlace]:
     places = []
     for line in lines:
         cells = [c.strip() for c in line.split("\t")]
+        if "CPU Affinity" in cells:  # the header: stripped of its leading tab it starts with 'GPU0' too
+            continue
         if re.fullmatch(r"GPU\d+", cells[0]) and len(cells) > cpu_col:
             numa = cells[numa_col] if numa_col is not None and len(cells) > numa_col else ""
             places.append(GpuPlace(int(cells[0][3:]), int(numa) if numa.isdigit() else None, cpu_list(cells[cpu_col])))
@@ -81,7 +85,7 @@ def my_gpu(environ=os.environ) -> int | None:
     """The GPU (nvidia-smi index) this process drives: its local rank's entry of CUDA_VISIBLE_DEVICES (torchrun:
     LOCAL_RANK, srun: SLURM_LOCALID), or the first visible GPU; None when the visible GPUs are given by UUID."""
     local = environ.get("LOCAL_RANK") or environ.get("SLURM_LOCALID") or "0"
-    visible = [v.strip() for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    visible = given_gpus(environ)
     local = int(local) if local.isdigit() else 0
     if not visible:
         return local

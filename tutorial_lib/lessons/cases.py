@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import engine, trace_summary
-from ..config import TrainConfig, UserError, usable_cpus
+from ..config import TrainConfig, UserError, given_gpus, usable_cpus
 
 KEEP = ("config", "device", "world_size", "steps", "global_batch", "throughput_img_s", "step_time_ms",
         "data_wait_ms", "val_accuracy", "peak_memory_mb", "wall_time_s", "torch_version", "compile_time_s",
@@ -167,8 +167,8 @@ class Runner:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "KINETO_LOG_LEVEL": "99",
                "OMP_NUM_THREADS": str(max(1, usable_cpus() // procs)), **case.env}
         if self.gpus_here:  # the first of the GPUs this process was given (Slurm's, or CUDA_VISIBLE_DEVICES')
-            given = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-            env["CUDA_VISIBLE_DEVICES"] = ",".join((given or [str(i) for i in range(self.gpus_here)])[:case.gpus])
+            given = given_gpus() or [str(i) for i in range(self.gpus_here)]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(given[:case.gpus])
         words, limit = case.command_line(), min(timeout, self.left() + 30)
         with open(self.log_path, "a") as log:
             log.write(f"\n===== {case.name}: {case.about}\n$ {' '.join(words[1:])}\n")

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from .. import energy
-from ..config import ROOT, TrainConfig, load
+from ..config import ROOT, TrainConfig, given_gpus, load
 from ..launcher import torchrun_command
 from . import hang
 
@@ -52,7 +52,7 @@ def _visible_gpus() -> list[int]:
     import torch
 
     count = torch.cuda.device_count()
-    given = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    given = given_gpus()
     return [int(d) for d in given[:count]] if given and all(d.isdigit() for d in given) else list(range(count))
 
 
@@ -117,10 +117,8 @@ def numa_check(base: TrainConfig, size, out: Path, gpus: list[int]) -> dict:
         for bound in (False, True):
             name = f"{'bound' if bound else 'unbound'}_{i}"
             cfg = base.replace(**NUMA_RUN, parallel="ddp", out_dir=str(out / "numa" / name))
-            words = torchrun_command(cfg, len(gpus))
-            if bound:  # torchrun --no-python starts the binder, which then runs the CLI in its place
-                words = [*words[:5], "--no-python", sys.executable, "-m", "tutorial_lib.numa", "--exec-bound",
-                         sys.executable, *words[5:]]
+            binder = (sys.executable, "-m", "tutorial_lib.numa", "--exec-bound") if bound else ()
+            words = torchrun_command(cfg, len(gpus), wrapper=binder)  # the binder runs the CLI in its place
             subprocess.run(words, check=True, stdout=subprocess.DEVNULL, timeout=180)
             runs[name] = json.loads((Path(cfg.out_dir) / "result.json").read_text())["throughput_img_s"]
     unbound = [v for k, v in runs.items() if k.startswith("unbound")]
