@@ -41,6 +41,13 @@ SAVED = ("Your files are safe in your home folder; notebooks are saved every two
          "typed since the last save is lost. The kernel's variables are gone: run the notebook from the top.")
 
 
+def _duration(seconds: int) -> str:
+    """An idle limit as a learner reads it: '1 h', '90 min', '45 s'."""
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
+
+
 class LearnerError(web.HTTPError):
     """A failure the hub shows on the learner's page: what happened, then what to do (plain and HTML). An
     HTTPError, so that the hub shows it as it is (any other exception is "Unhandled error starting server")."""
@@ -194,7 +201,7 @@ exec {{cmd}}
     async def stop(self, now=False):
         if not self.job_id:  # its job has already ended (poll cleared it): nothing to cancel
             return
-        limit = f" or had been idle for longer than the hub's limit ({self.idle_limit // 60} min)" \
+        limit = f" or had been idle for longer than the hub's limit ({_duration(self.idle_limit)})" \
             if self.idle_limit else ""
         self.ended_message = (f"The hub stopped your server (Slurm job {self.job_id}): you logged out{limit}.")
         await super().stop(now=now)
