@@ -518,3 +518,17 @@ def test_the_cost_lines_say_which_faster_point_is_not_cheaper():
     lines = scaling_study.cost_lines(f)
     assert lines[-1] == "measured: no point here costs more per image than one GPU beyond the noise"
     assert not any(x.endswith("not cheaper") for x in lines)
+
+
+def test_the_energy_check_line_reads_the_cluster_record(tmp_path):
+    """06's cost lines say where their joules come from: the study `cluster`'s check of NVML's counter against
+    integrated power.draw, read from its record; nothing invented when no record (or no check) exists."""
+    rec = reference.load("06_cluster_checks")
+    e = rec["figures"]["energy"]
+    line = scaling_study.energy_check_line()
+    assert f"{e['nvml_j']:,.0f} J" in line and f"{e['power_draw_j']:,.0f} J" in line and f"{e['ratio']:.3f}" in line
+    assert reference.where(rec) in line
+    assert scaling_study.energy_check_line(tmp_path) is None
+    reference.write("06_cluster_checks", {**rec["figures"], "energy": {"why": "no nvidia-smi here"}},
+                    script=rec["script"], folder=tmp_path, card="CPU (small mode)", gpus=0, torch_version="2.14.1")
+    assert scaling_study.energy_check_line(tmp_path).endswith(": no nvidia-smi here")

@@ -30,6 +30,7 @@ import torch
 
 from . import scaling
 from .cases import Case, Runner, Selection, node_gpus, why_missing
+from .. import reference
 from ..config import ROOT, UserError, load
 
 BUDGET_S = 440  # one device call runs 600 s at most: start-up, and the last case's overrun, fit in the rest
@@ -253,6 +254,21 @@ def cost_lines(fig: dict) -> list[str]:
     if out and not any(line.endswith("not cheaper") for line in out):
         out.append("measured: no point here costs more per image than one GPU beyond the noise")
     return out
+
+
+def energy_check_line(folder=None) -> str | None:
+    """Where the joules come from, and how far to trust them: the study `cluster`'s check of NVML's energy counter
+    against nvidia-smi's power.draw integrated over the same window (None until that study has run on a GPU)."""
+    if not reference.path("06_cluster_checks", folder).is_file():
+        return None
+    rec = reference.load("06_cluster_checks", folder)
+    e = rec["figures"]["energy"]
+    if e.get("why"):
+        return f"the energy counter was not checked on {reference.where(rec)}: {e['why']}"
+    return (f"J per image, where a run recorded it, comes from NVML's energy counter; on {reference.where(rec)} it "
+            f"read {e['nvml_j']:,.0f} J over a "
+            f"{e['window_s']:.0f} s window where nvidia-smi's power.draw integrated over it gives "
+            f"{e['power_draw_j']:,.0f} J (ratio {e['ratio']:.3f})")
 
 
 def not_recorded(fig: dict, prefixes: tuple[str, ...], node_gpus: int | None = None) -> list[str]:
