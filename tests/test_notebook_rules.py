@@ -91,6 +91,17 @@ def test_the_core_path_fits_one_workshop_day():
         f"'(optional)' or shorten them ({', '.join(f'{k} {v:.0f}' for k, v in core.items())})")
 
 
+LESSON_CORE_MINUTES = {"05_dp_vs_ddp": 45, "06_scaling": 45}  # one lesson each: at most 45 min of core path
+
+
+@pytest.mark.parametrize("name,limit", LESSON_CORE_MINUTES.items())
+def test_the_multi_gpu_lessons_core_fits_45_minutes(name, limit):
+    """05's core path and 06 are lessons of at most 45 minutes (a workshop slot), by the same count as the header."""
+    core = plan.minutes(name)["core"]
+    assert round(core) <= limit, (f"{name}'s core path counts {core:.1f} min, over {limit}: shorten its text, or "
+                                  "mark a section '(optional)'")
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_optional_is_said_at_the_end_of_a_heading(notebook):
     """The convention the time model reads: '(optional)' ends a heading, and nowhere else marks a section."""
