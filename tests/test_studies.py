@@ -162,6 +162,7 @@ def test_the_cluster_study_checks_energy_a_hang_and_the_binding(tmp_path, one_th
     assert n["why"].startswith("no GPU here")
     page = "\n".join(perfdoc.cluster_section(record))
     assert "## Cluster checks on CPU (small mode)" in page and "- **Hang drill**: gloo, rank 1 frozen" in page
+    assert perfdoc.NCCL_WAIT not in page  # what fills the time after an NCCL timeout is said of NCCL runs only
     gpu = {**record, "figures": {
         "energy": {"nvml_j": 33306.8, "power_draw_j": 33348.1, "window_s": 48.5, "ratio": 0.99876,
                    "within_5_percent": True, "joules_per_image": 0.00856, "throughput_img_s": 80558},
@@ -171,3 +172,4 @@ def test_the_cluster_study_checks_energy_a_hang_and_the_binding(tmp_path, one_th
     page = "\n".join(perfdoc.cluster_section(gpu))
     assert "33,307 J over the timed window (48.5 s)" in page and "ratio 0.9988 (within 5%)" in page
     assert "DDP on 4 GPUs" in page and "1.10x (unbound_1 100" in page
+    assert f"dist_timeout_s=3{perfdoc.NCCL_WAIT}; rank 1" in page

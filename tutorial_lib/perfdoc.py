@@ -207,6 +207,10 @@ def cards_section(cards: list[str]) -> list[str]:
     return out
 
 
+NCCL_WAIT = (" (after the timeout NCCL's watchdog waits for the flight recorder's dumps, then torchrun gives a rank "
+             "that ignores SIGTERM 30 s before it kills it: notebook 05 explains both)")
+
+
 def cluster_section(rec: dict | None) -> list[str]:
     """The study `cluster` (lessons/cluster.py): each check's figures, or why it could not run on that node."""
     if rec is None:
@@ -223,9 +227,7 @@ def cluster_section(rec: dict | None) -> list[str]:
                f"{g(e, 'joules_per_image', '.4f')} J per image at {g(e, 'throughput_img_s', ',.0f')} img/s."))
     out.append("- **Hang drill**: " + (h["why"] if h.get("why") else
                f"{h['backend']}, rank 1 frozen: the run ended {g(h, 'after_freeze_s', '.0f')} s after the freeze with "
-               f"dist_timeout_s={h['dist_timeout_s']} (after the timeout NCCL's watchdog waits for the flight recorder's "
-               "dumps, then torchrun gives a rank that ignores SIGTERM 30 s before it kills it: notebook 05 explains "
-               f"both); {h['verdict']}."))
+               f"dist_timeout_s={h['dist_timeout_s']}{NCCL_WAIT if h['backend'] == 'nccl' else ''}; {h['verdict']}."))
     out.append("- **CPU binding**: " + (n["why"] if n.get("why") else
                f"DDP on {n['run']['gpus']} GPUs with DataLoader workers, bound to each rank's NUMA node against "
                f"unbound (alternated twice): {n['bound_over_unbound']:.2f}x ("
