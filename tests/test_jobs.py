@@ -369,3 +369,18 @@ def test_reservation_is_a_directive_and_rejects_shell_words():
     assert "--reservation workshop_1126" in text  # the render command in the header makes the same file
     with pytest.raises(UserError, match=r"reservation='ws; rm -rf \.': only letters.*scontrol show reservation"):
         jobs.render("ws", TrainConfig(steps=5), site="local", reservation="ws; rm -rf .")
+
+
+def test_a_job_file_is_replaced_whole_and_a_failed_write_leaves_nothing(tmp_path):
+    """Notebooks rewrite jobs/ while sbatch or a test may read it: the file is written beside and renamed over, so
+    a reader sees the old file or the new one, never half of one; a write that fails leaves no part file."""
+    first = jobs.write("demo", tiny(out_dir="runs/a"), site="local", jobs_dir=tmp_path, show=False)
+    inode = first.stat().st_ino
+    again = jobs.write("demo", tiny(out_dir="runs/b"), site="local", jobs_dir=tmp_path, show=False)
+    assert again == first and again.stat().st_ino != inode and "runs/b" in again.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.sbatch"]
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the jobs folder should be")
+    with pytest.raises(UserError, match="can't write .*give a jobs folder you can write"):
+        jobs.write("demo", tiny(), site="local", jobs_dir=blocked, show=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocked", "demo.sbatch"]

@@ -397,11 +397,15 @@ def write(name: str, cfg: TrainConfig | None = None, *, site: str | None = None,
     path = Path(jobs_dir) if jobs_dir is not None else JOBS_DIR
     text = render(name, cfg, site=site, command=command, sweep=sweep, description=description,
                   where=shown_path(path / f"{name}.sbatch"), **resource_values)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        path = path / f"{name}.sbatch"
-        path.write_text(text)
+    path = path / f"{name}.sbatch"
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")  # whole or not at all: a reader (sbatch, a test
+    try:                                                        # beside a notebook) never sees half a file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part.write_text(text)
+        os.replace(part, path)
     except OSError as e:
+        if part.is_file():
+            part.unlink()
         raise UserError(f"can't write {path} ({e.strerror}); give a jobs folder you can write (jobs_dir=, "
                         "--jobs-dir)") from None
     if show:
