@@ -67,22 +67,7 @@ test: venv
 	else echo "not root: the local Slurm cluster is not started and the Slurm tests will be skipped"; fi
 	@bash scripts/install-browser.sh
 	@if [ "$$(id -u)" = 0 ]; then bash scripts/hub/hub.sh prepare || echo "hub: not prepared (above): the hub test will fail"; fi
-	@mkdir -p build
-	@echo "The notebooks run beside the tests, each in a kernel of its own (their TensorBoards recorded apart, in"
-	@echo "build/test-state-notebooks); their report, build/test-notebooks.log, follows the tests'. The browser test"
-	@echo "runs last, alone: it opens notebook 00 and its TensorBoard."
-	@export PATH="$(abspath $(BIN)):$$PATH"; \
-	WORKBOOK_STATE_DIR="$(CURDIR)/build/test-state-notebooks" \
-		$(BIN)/python -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env --durations=15 notebooks \
-		> build/test-notebooks.log 2>&1 & notebooks=$$!; \
-	trap 'kill $$notebooks 2>/dev/null' EXIT; \
-	$(BIN)/python -m pytest --durations=40 --ignore=tests/test_browser.py tests; tests=$$?; \
-	wait $$notebooks; nb=$$?; trap - EXIT; \
-	echo "==================== the notebooks (build/test-notebooks.log) ===================="; \
-	cat build/test-notebooks.log; \
-	$(BIN)/python -m pytest tests/test_browser.py; browser=$$?; \
-	echo "make test: tests exit $$tests, notebooks exit $$nb, browser test exit $$browser"; \
-	exit $$(( tests || nb || browser ))
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest --nbval-lax --nbval-current-env --durations=40 tests notebooks
 
 data: venv
 	$(BIN)/python -m tutorial_lib data fetch cifar10 cifar100 mnist imagefolder
