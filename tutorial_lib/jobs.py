@@ -26,6 +26,7 @@ from typing import Any
 import jinja2
 
 from .config import ROOT, TrainConfig, UserError, check_one_line, load, suggest
+from .results import atomic_write_text
 from .results import result_line  # noqa: F401  (tl.jobs.result_line: notebooks 01, 03)
 from .sites import (ARRAY_RE, PATH_RE, Site, check_name, check_pattern, check_slurm_words, default_site, directives,
                     load_site, time_seconds)
@@ -398,16 +399,12 @@ def write(name: str, cfg: TrainConfig | None = None, *, site: str | None = None,
     text = render(name, cfg, site=site, command=command, sweep=sweep, description=description,
                   where=shown_path(path / f"{name}.sbatch"), **resource_values)
     path = path / f"{name}.sbatch"
-    part = path.with_name(f".{path.name}.{os.getpid()}.part")  # whole or not at all: a reader (sbatch, a test
-    try:                                                        # beside a notebook) never sees half a file
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        part.write_text(text)
-        os.replace(part, path)
     except OSError as e:
-        if part.is_file():
-            part.unlink()
         raise UserError(f"can't write {path} ({e.strerror}); give a jobs folder you can write (jobs_dir=, "
                         "--jobs-dir)") from None
+    atomic_write_text(path, text)  # whole or not at all: a reader (sbatch, a test beside a notebook) never sees half
     if show:
         print(f"# {shown_path(path)}\n{text}", end="")
     return path
