@@ -44,6 +44,17 @@ def test_stamp_and_stale_follow_the_recording_cells(tmp_path):
     assert "changed after" in reference.stale(nb, tmp_path)[0]
 
 
+def test_a_record_names_its_host_cpu(tmp_path):
+    """Two H100 nodes ran notebook 03's launch-bound step at 32,749 and 23,347 img/s: the host is part of a
+    record. Read from /proc/cpuinfo; None where there is none."""
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\nmodel name\t: AMD EPYC  9454 48-Core Processor\n")
+    assert reference.host_cpu(tmp_path / "cpuinfo").startswith("AMD EPYC 9454 48-Core Processor, ")
+    assert reference.host_cpu(tmp_path / "none") is None
+    reference.write("demo", {"img_s": 1.0}, script="s", card="NVIDIA H100", gpus=1, torch_version="2.11",
+                    folder=tmp_path)
+    assert reference.load("demo", tmp_path)["host"] == reference.host_cpu()
+
+
 def test_show_names_the_card_and_torch_and_refuses_unknown_keys(tmp_path, capsys):
     reference.write("demo", {"img_s": 8938.2}, script="s.sh", card="NVIDIA H200", gpus=4, torch_version="2.11.0",
                     folder=tmp_path)

@@ -68,13 +68,25 @@ def write(name: str, figures: dict[str, Any], *, script: str, card: str | None =
         gpus = torch.cuda.device_count() if gpus is None else gpus
         torch_version = torch_version or torch.__version__
     entry = {"card": card, "gpus": gpus, "torch": torch_version, "date": datetime.date.today().isoformat(),
-             "script": script, "figures": figures}
+             "script": script, "host": host_cpu(), "figures": figures}
     p = path(name, folder)
     old = load(name, folder) if p.is_file() else None
     if old and "cells" in old:
         entry["cells"] = old["cells"]
     p.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(p, json.dumps(entry, indent=1, sort_keys=False) + "\n")
+
+
+def host_cpu(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str | None:
+    """'AMD EPYC 9454 48-Core Processor, 16 CPUs' for this node: a launch-bound step's figure depends on the CPU
+    that queues its kernels as much as on the GPU, so two records on one card can differ by their hosts.
+    None where the model is not readable (not Linux)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return None
+    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    return f"{' '.join(model.group(1).split())}, {len(os.sched_getaffinity(0))} CPUs" if model else None
 
 
 def record(name: str, **figures: Any) -> dict[str, Any]:
