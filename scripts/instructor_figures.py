@@ -189,11 +189,14 @@ def gpu_figures() -> str:
     parts = []
     for path in files:
         record = reference.load(path.stem)
-        rows = [f"**{path.stem}**: on {reference.where(record)} (`{record['script']}`)", "",
+        host = f", host {record['host']}" if record.get("host") else ""  # recorded since 2026-11-28
+        rows = [f"**{path.stem}**: on {reference.where(record)}{host} (`{record['script']}`)", "",
                 "| figure | value |", "| --- | --- |"]
         for key, value in record["figures"].items():
             if isinstance(value, float):
                 shown = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"  # 59,362 img/s, not 5.936e+04
+            elif isinstance(value, list) and value and all(isinstance(v, float) for v in value):
+                shown = "[" + ", ".join(f"{v:.4g}" for v in value) + "]"  # a series of figures, as each is shown
             else:
                 shown = str(value).replace("|", "\\|")
             if len(shown) > LONGEST:  # a table of rows or a curve: the notebook shows it, the file holds it

@@ -107,6 +107,10 @@ def test_the_baseline_study_runs_small_and_writes_its_record(tmp_path):
     record = json.loads(written["01_baseline_check"].read_text())
     f = record["figures"]
     assert f["by_hand_benchmark_off_ms"] > 0 and f["by_hand_benchmark_on_ms"] > 0
+    assert f["by_hand_benchmark_on_after_off_ms"] > 0  # measured in a fresh process, its own cuDNN cache
     assert f["engine_long_steps"] == 8 and len(f["engine_long_window_ms"]) == 3
     lines = evidence.baseline_check_lines(tmp_path)
-    assert lines[0].startswith("In one process on CPU (small mode)") and "window by window" in lines[-1]
+    # windows of 2 timed steps after 2 warm-up steps, 6 steps an epoch: the third (steps 6-7) begins epoch 2
+    assert f["engine_long_new_epoch_windows"] == [2]
+    assert lines[0].startswith("On CPU (small mode)") and "switched on after those steps" in lines[2]
+    assert "window by window" in lines[-2] and "windows that begin an epoch" in lines[-1]

@@ -1,11 +1,15 @@
 """One configuration, one number: why the fp32 baseline step of notebook 01 can read differently in 01, 02 and 04
-on one card, measured in one process so that only the thing varied differs.
+on one card, measured in one process (the autotuner-off cases in a fresh one) so that only the thing varied differs.
 
     python -m tutorial_lib study baseline --reference     # about 2 minutes on an H100: 01_baseline_check.json
     python -m tutorial_lib study baseline --small         # the same steps with CPU sizes (tests)
 
 The same fp32 step (configs/baseline.yaml: CIFAR-stem ResNet-18, batch 256, TF32 off) is timed
-  - by hand, as notebook 01's section 2 does, with cuDNN's autotuner off (PyTorch's default there) and on;
+  - by hand, as notebook 01's section 2 does, with cuDNN's autotuner on (as the engine runs); and in a fresh
+    process with the autotuner off (PyTorch's default), then on again in that process. PyTorch keeps the
+    algorithm it chose for each convolution shape for the rest of the thread, whatever
+    torch.backends.cudnn.benchmark says later, so a process whose first convolutions ran with the autotuner
+    off keeps their untuned algorithms: the last figure shows what that costs;
   - in the engine for 60 steps (notebook 02's unprofiled run), for 150 timed steps without TensorBoard
     (notebook 04's fp32 rung) and for the baseline's 1,500 steps (notebook 01), the last in windows of 100
     steps beside the GPU's clock, power and temperature (nvidia-smi, once a second), to see whether a long run
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import multiprocessing
 import shutil
 import statistics
 import subprocess
@@ -83,14 +88,24 @@ def by_hand(cfg: TrainConfig, benchmark: bool, steps: int) -> float:
     return statistics.median(times)
 
 
+def untuned_first(cfg: TrainConfig, steps: int) -> tuple[float, float]:
+    """by_hand with the autotuner off, then on, in this process (run it in a fresh one): the second figure is
+    the step whose convolutions kept the algorithms chosen while the autotuner was off."""
+    return by_hand(cfg, False, steps), by_hand(cfg, True, steps)
+
+
 def engine_run(cfg: TrainConfig, window: int) -> dict:
     """The engine's figures for `cfg`, and the time of each window of `window` timed steps (ms per step)."""
     with engine.prepared_run(cfg) as run, contextlib.redirect_stdout(io.StringIO()):
         result = run.fit()
         windows = [1000 * s / window for s in run.clock.window_seconds(window)]
+        per_epoch = run.steps_per_epoch
     t = result.step_time_ms
+    first = cfg.timing_warmup  # the step each window starts at: windows count timed steps only
+    new_epoch = [w for w in range(len(windows))  # windows whose steps begin a new pass over the loader
+                 if any(s % per_epoch == 0 for s in range(first + w * window, first + (w + 1) * window))]
     return {"img_s": result.throughput_img_s, "median_ms": t["median"], "p10_ms": t["p10"], "p90_ms": t["p90"],
-            "steps": result.steps, "window_ms": windows, "device": result.device}
+            "steps": result.steps, "window_ms": windows, "new_epoch_windows": new_epoch, "device": result.device}
 
 
 def study(size, out: Path) -> dict[str, dict]:
@@ -98,12 +113,13 @@ def study(size, out: Path) -> dict[str, dict]:
     base = load(ROOT / "configs" / "baseline.yaml").replace(
         tensorboard=False, progress=False, resume=False, eval=False)
     if size.small:
-        base = base.replace(model="resnet18_imagenet", batch_size=8, train_size=256, num_workers=0)
+        base = base.replace(model="resnet18_imagenet", batch_size=8, train_size=48, num_workers=0)  # 6 steps an epoch
     hand_steps, short, rung, long_, window = size.pick((2, 5, 6, 8, 2), (30, 60, 160, 1500, 100))
     warm = size.pick(2, 10)  # untimed steps (notebook 02's run: 5)
-    figures = {"batch": base.batch_size,
-               "by_hand_benchmark_off_ms": by_hand(base, False, hand_steps),
-               "by_hand_benchmark_on_ms": by_hand(base, True, hand_steps)}
+    figures = {"batch": base.batch_size, "by_hand_benchmark_on_ms": by_hand(base, True, hand_steps)}
+    with multiprocessing.get_context("spawn").Pool(1) as fresh:  # its own cuDNN algorithm cache
+        off, on_after = fresh.apply(untuned_first, (base, hand_steps))
+    figures.update(by_hand_benchmark_off_ms=off, by_hand_benchmark_on_after_off_ms=on_after)
     runs = {"engine_60": base.replace(steps=short, timing_warmup=min(5, warm)),
             "engine_rung": base.replace(steps=rung, timing_warmup=warm, optimizer_impl="foreach"),
             "engine_long": base.replace(steps=long_, timing_warmup=warm, tensorboard=True)}

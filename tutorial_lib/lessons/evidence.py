@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import statistics
 
 import torch
 
@@ -168,24 +169,38 @@ def baseline_lines(runs: list[dict]) -> list[str]:
     return lines
 
 
+def window_lines(windows: list[float], new_epoch: list[int] | None) -> list[str]:
+    """The long run's windows: first and last (does it slow down as the card heats up?), and those that begin a
+    new pass over the DataLoader (its workers start again, unless persistent) against the others."""
+    if not windows:
+        return []
+    lines = [f"  the 1,500-step run window by window: first {windows[0]:.1f} ms, last {windows[-1]:.1f} ms per step"]
+    starts = [windows[i] for i in new_epoch or [] if i < len(windows)]
+    others = [w for i, w in enumerate(windows) if i not in (new_epoch or [])]
+    if starts and others:
+        lines.append(f"  windows that begin an epoch (new DataLoader workers) {statistics.mean(starts):.1f} ms per "
+                     f"step, the others {statistics.mean(others):.1f} ms ({len(starts)} and {len(others)} windows)")
+    return lines
+
+
 def baseline_check_lines(folder=None) -> list[str]:
-    """What the baseline study (python -m tutorial_lib study baseline) measured in one process, or how to run it."""
+    """What the baseline study (python -m tutorial_lib study baseline) measured on one card, or how to run it."""
     rec = reference.load("01_baseline_check", folder)
     if rec is None:
-        return ["(the study that measures these differences in one process has not run on a GPU yet: "
+        return ["(the study that measures these differences on one card has not run on a GPU yet: "
                 "python -m tutorial_lib study baseline --reference)"]
     f = rec["figures"]
-    lines = [f"In one process on {reference.where(rec)} (python -m tutorial_lib study baseline):",
-             f"  by hand, cuDNN autotuner off {f['by_hand_benchmark_off_ms']:.1f} ms, "
-             f"on {f['by_hand_benchmark_on_ms']:.1f} ms"]
+    lines = [f"On {reference.where(rec)} (python -m tutorial_lib study baseline):",
+             f"  by hand, cuDNN autotuner on {f['by_hand_benchmark_on_ms']:.1f} ms per step; in a fresh process "
+             f"with it off {f['by_hand_benchmark_off_ms']:.1f} ms"]
+    if "by_hand_benchmark_on_after_off_ms" in f:
+        lines.append(f"  ... and there, switched on after those steps: {f['by_hand_benchmark_on_after_off_ms']:.1f} ms "
+                     "(the convolutions keep the algorithms chosen first)")
     for name, what in (("engine_60", "60 steps"), ("engine_rung", "04's rung"), ("engine_long", "1,500 steps")):
         band = noise.step_band(f[f"{name}_img_s"], f[f"{name}_median_ms"], f[f"{name}_p10_ms"], f[f"{name}_p90_ms"])
         lines.append(f"  engine, {what:12s} median step {f[f'{name}_median_ms']:.1f} ms, {band.value:,.0f} img/s "
                      f"(±{100 * band.spread:.0f}%)")
-    windows = f.get("engine_long_window_ms") or []
-    if windows:
-        lines.append(f"  the 1,500-step run window by window: first {windows[0]:.1f} ms, "
-                     f"last {windows[-1]:.1f} ms per step")
+    lines += window_lines(f.get("engine_long_window_ms") or [], f.get("engine_long_new_epoch_windows"))
     if "engine_long_start_sm_clock_mhz" in f:
         lines.append(f"  its GPU: SM clock {f['engine_long_start_sm_clock_mhz']:.0f} -> "
                      f"{f['engine_long_end_sm_clock_mhz']:.0f} "
