@@ -264,6 +264,23 @@ def test_targets_that_fit_no_default_loss_ask_for_one():
     assert "output (2, 3) and float target (2, 5) fit no default loss" in msg and "--loss" in msg
 
 
+def test_the_probe_runs_with_the_autotuner_the_rungs_use():
+    """PyTorch keeps the algorithm each convolution first ran with (whatever cudnn.benchmark says later), so the
+    probe's step, the model's first, runs with the autotuner as the rungs will; the flag is restored after."""
+    seen = []
+
+    class Spy(nn.Linear):
+        def forward(self, x):
+            seen.append(torch.backends.cudnn.benchmark)
+            return super().forward(x)
+    before = torch.backends.cudnn.benchmark
+    parts, cfg = _parts(Spy(4, 2), lambda: (torch.rand(2, 4), torch.zeros(2, dtype=torch.long)), None)
+    card_module.probe_model(parts, cfg)
+    assert seen == [True] and torch.backends.cudnn.benchmark == before
+    card_module.probe_model(parts, cfg.replace(cudnn_benchmark=False))
+    assert seen == [True, False]
+
+
 def test_integer_inputs_are_fed_as_they_are(gpt_file):
     """Tokens stay integers: the embedding gets them as the batch holds them (no normalising, no cast)."""
     parts, cfg = _parts(f"{gpt_file}:make_model", f"{gpt_file}:batch", None)

@@ -204,8 +204,10 @@ def probe_model(parts: ownmodel.Parts, cfg: TrainConfig) -> dict:
     batches.close()
     model = ownmodel.check_model(parts.factory()).to(device)
     xd, yd = x.to(device), y.to(device)
-    try:
-        with FlopCounterMode(display=False) as counter, _countable_attention(device):
+    try:  # the autotuner as the rungs will run it: PyTorch keeps the algorithm each convolution ran with first,
+        # so a probe with it off would leave its untuned choice to every rung of the same shape (notebook 01)
+        with engine.backend_flags(), FlopCounterMode(display=False) as counter, _countable_attention(device):
+            engine.set_cudnn_benchmark(cfg)
             output = model(xd)
             described = _describe(output)
             loss = ownmodel.check_loss(parts.loss(output, yd)) if parts.loss else ownmodel.default_loss(output, yd)
