@@ -1,6 +1,7 @@
 """bench: IO / SYNTHETIC / FULL are measured, consistent, and the verdict names what bounds the run.
 
 The slow input and the heavy model sleep rather than compute, so their cost holds on a busy 2-core CPU."""
+import dataclasses
 import json
 import time
 
@@ -168,10 +169,10 @@ def test_the_data_loading_study_benches_every_loader_and_two_ranks(tmp_path, cap
 def test_the_gpu_resident_check_reads_a_difference_by_the_windows_spread():
     """On 2x H200 at batch 256 gpu_resident's FULL was 0.906 of SYNTHETIC with overlapping windows: noise by
     the workbook's rule, not a failure; a FULL whose fastest window is below SYNTHETIC's slowest fails."""
-    def rec(case, full, syn):
+    def rec(case, full, syn):  # as the study stores them: each Measurement as a dict
         return {"case": case, "device": "NVIDIA H200", "figures": {
-            "full": dict(zip(("img_s", "img_s_low", "img_s_high"), full)),
-            "synthetic": dict(zip(("img_s", "img_s_low", "img_s_high"), syn))}}
+            "full": dataclasses.asdict(windows("full", *full)),
+            "synthetic": dataclasses.asdict(windows("synthetic", *syn))}}
     noisy = rec("b256 gpu_resident", (21_870, 20_742, 23_154), (24_144, 21_500, 26_800))
     big = rec("b1024 gpu_resident", (66_399, 66_313, 66_458), (66_867, 66_800, 66_900))
     other = rec("b256 dataloader", (10_000, 9_000, 11_000), (24_144, 21_500, 26_800))  # not checked: it reads files

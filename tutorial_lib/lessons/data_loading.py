@@ -120,9 +120,8 @@ def check_line(records: list[dict]) -> str:
     gpu_resident row is not below SYNTHETIC by more than their windows' spread. On a CPU the input and the step
     share the cores, so it proves nothing there."""
     rows = [rec for rec in records if "gpu_resident" in rec["case"]]
-    below = [rec["case"] for rec in rows if noise.relation(*(noise.Figure.of(
-        rec["figures"][m]["img_s"], rec["figures"][m]["img_s_low"], rec["figures"][m]["img_s_high"])
-        for m in ("full", "synthetic"))) == "<"]
+    below = [rec["case"] for rec in rows if noise.relation(
+        *(bench.figure(bench.Measurement(**rec["figures"][m])) for m in ("full", "synthetic"))) == "<"]
     cpu = " (a check for a GPU: on a CPU the input and the step share the cores)" if records[0]["device"].startswith(
         "CPU") else ""
     ratios = ", ".join(f"{rec['case']} {resident_ratio(rec):.3f}" for rec in rows)

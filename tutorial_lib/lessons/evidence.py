@@ -175,8 +175,9 @@ def window_lines(windows: list[float], new_epoch: list[int] | None) -> list[str]
     if not windows:
         return []
     lines = [f"  the 1,500-step run window by window: first {windows[0]:.1f} ms, last {windows[-1]:.1f} ms per step"]
-    starts = [windows[i] for i in new_epoch or [] if i < len(windows)]
-    others = [w for i, w in enumerate(windows) if i not in (new_epoch or [])]
+    begins = set(new_epoch or ())
+    starts = [w for i, w in enumerate(windows) if i in begins]
+    others = [w for i, w in enumerate(windows) if i not in begins]
     if starts and others:
         lines.append(f"  windows that begin an epoch (new DataLoader workers) {statistics.mean(starts):.1f} ms per "
                      f"step, the others {statistics.mean(others):.1f} ms ({len(starts)} and {len(others)} windows)")
