@@ -3,6 +3,7 @@ scaled_dot_product_attention) through the CLI, three torchvision models (weights
 tl.card, and every input that breaks the card's rules ending in one line that names the fix."""
 import functools
 import json
+import os
 import subprocess
 import textwrap
 
@@ -146,6 +147,15 @@ def test_ddp_measured_beside_the_prediction(gpt_file, tmp_path):
     assert row.startswith(f"{m['efficiency']:.2f} on 2 CPU processes")
     assert row.endswith(f"; predicted {two_row['efficiency_exposed']:.2f}-{two_row['efficiency_hidden']:.2f}")
     assert 0 < m["wall_s"] < result.wall_s and f", {m['wall_s']:.0f} s of it measuring DDP." in result.markdown()
+    # DDP in this one process (rank 0 of 1): the prediction adds the all-reduce to its step, not to the plain one
+    alone = result.ddp["one_process"]
+    ran = tl.load_result(out / "runs" / "ddp_one_process")
+    assert ran.world_size == 1 and ran.config["parallel"] == "ddp" and alone["why"] is None
+    assert alone["factor"] == pytest.approx(alone["row"]["img_s"] / result.recommended["row"]["img_s"])
+    ddp_step, plain = max(alone["step_ms"], result.ddp["step_ms"]), result.ddp["step_ms"]
+    assert two_row["efficiency_exposed"] == pytest.approx(plain / (ddp_step + two_row["allreduce_ms"]))
+    assert dict(result.summary_rows())["DDP in one process (its own cost)"].startswith(f"x{alone['factor']:.2f} of")
+    assert not {"RANK", "WORLD_SIZE", "MASTER_PORT"} & set(os.environ)  # torchrun's variables gone again
     given_as_objects = tl.card(_load(gpt_file).make_model, _load(gpt_file).batch, small=True, quiet=True,
                                rungs="fp32", ddp_gpus=2, out=str(tmp_path / "objects"))
     assert "name them as MODULE:FUNCTION" in given_as_objects.ddp["measured"]["why"]
@@ -342,3 +352,29 @@ def test_figures_whose_windows_differ_by_more_than_themselves_print_their_range(
     verdict = "compute-bound: FULL 380 (±0%) ≈ SYNTHETIC 380 (±0%) < IO 208,998 img/s — compute in bf16: x (notebook 04)"
     assert card_report._bound_only(verdict) == ("compute-bound: FULL 380 (±0%) ≈ SYNTHETIC 380 (±0%) < IO 208,998 "
                                                 "samples/s — the rungs below measure what each change buys")
+
+
+def test_the_ddp_prediction_adds_the_all_reduce_to_ddps_own_step():
+    """A ring all-reduce of 2 GB on 2 ranks at 100 GB/s takes 20 ms. On a 30 ms step with no DDP cost it hides
+    behind the backward pass (20 ms of it) or costs 30/50; with DDP's own step at 40 ms: 30/40 and 30/60."""
+    from tutorial_lib.lessons import allreduce
+
+    assert allreduce.allreduce_ms(2e9, 2, 100) == pytest.approx(20)
+    plain, = allreduce.predict(30, 2e9, 100, gpus=(2,))
+    assert (plain["efficiency_hidden"], plain["efficiency_exposed"]) == pytest.approx((1.0, 0.6))
+    ddp, = allreduce.predict(30, 2e9, 100, gpus=(2,), ddp_step_ms=40)
+    assert (ddp["efficiency_hidden"], ddp["efficiency_exposed"]) == pytest.approx((0.75, 0.5))
+
+
+def test_ddp_in_one_process_says_why_when_it_is_not_measured(monkeypatch):
+    from tutorial_lib.lessons import card_ddp
+
+    rec = {"config": tl.load(None, {"out_dir": "runs/x/fp32"}), "row": {"img_s": 10.0, "batch": 4}}
+    sizes = card_module.SMALL
+    failed = card_ddp.one_process(lambda cfg: {"skipped": f"failed: {cfg.parallel} {cfg.out_dir}"}, rec, sizes)
+    assert failed["why"] == "failed: ddp runs/x/ddp_one_process"  # the rung's row says why; it ran as DDP
+    assert "DDP's own cost out" in card_ddp.card_report.one_process_line(failed)
+    assert card_ddp.predicted_step_ms(failed, 30.0) is None
+    monkeypatch.setenv("RANK", "1")
+    assert card_ddp.one_process(lambda cfg: pytest.fail("ran"), rec, sizes)["why"].startswith(
+        "not measured: this process is already one rank")

@@ -59,7 +59,7 @@ def _worker(rank: int, world: int, port: int, backend: str, nbytes: int, iters: 
     del buf
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -84,7 +84,7 @@ def measure(nbytes: int, gpus: int | None = None, iters: int | None = None) -> B
         old = {k: os.environ.get(k) for k in threads}
         os.environ.update(threads)
         try:
-            mp.start_processes(_worker, args=(ranks, _free_port(), backend, nbytes, iters, queue), nprocs=ranks,
+            mp.start_processes(_worker, args=(ranks, free_port(), backend, nbytes, iters, queue), nprocs=ranks,
                                start_method="spawn", join=True)
         finally:
             for k, v in old.items():
@@ -102,13 +102,15 @@ def allreduce_ms(grad_bytes: float, gpus: int, bus_gb_s: float) -> float:
     return 1000 * grad_bytes * 2 * (gpus - 1) / gpus / (bus_gb_s * 1e9)
 
 
-def predict(step_ms: float, grad_bytes: float, bus_gb_s: float, gpus=(2, 4, 8)) -> list[dict]:
-    """Weak-scaling efficiency of DDP on each of `gpus` at the one-GPU step `step_ms`: `hidden` when the
-    all-reduce overlaps the backward pass (BACKWARD_SHARE of the step), `exposed` when nothing overlaps."""
-    rows = []
+def predict(step_ms: float, grad_bytes: float, bus_gb_s: float, gpus=(2, 4, 8),
+            ddp_step_ms: float | None = None) -> list[dict]:
+    """Weak-scaling efficiency of DDP on each of `gpus` against the one-GPU step `step_ms`: `hidden` when the
+    all-reduce overlaps the backward pass (BACKWARD_SHARE of the step), `exposed` when nothing overlaps. Each rank's
+    step before communication is `ddp_step_ms` (DDP's own cost, measured in one process) or else `step_ms`."""
+    rows, base = [], ddp_step_ms or step_ms
     for n in gpus:
         comm = allreduce_ms(grad_bytes, n, bus_gb_s)
-        exposed = step_ms / (step_ms + comm)
-        hidden = step_ms / (step_ms + max(0.0, comm - BACKWARD_SHARE * step_ms))
+        exposed = step_ms / (base + comm)
+        hidden = step_ms / (base + max(0.0, comm - BACKWARD_SHARE * base))
         rows.append({"gpus": n, "allreduce_ms": comm, "efficiency_hidden": hidden, "efficiency_exposed": exposed})
     return rows

@@ -86,7 +86,8 @@ def card(model: Any, batch: Any = None, loss: Any = None, *, small: bool | None 
     rows = measure_rungs(parts, plan, sizes, say)
     rec = recommend(rows, plan)
     memory = largest_batch(parts, rec["config"], probe, sizes.batch_cap)
-    ddp = predict_ddp(probe, rec["row"])
+    alone = card_ddp.one_process(lambda c: measure_rung(parts, card_ddp.ONE_PROCESS, c), rec, sizes)
+    ddp = predict_ddp(probe, rec["row"], alone)
     ddp["measured"] = card_ddp.measure(specs, rec["config"], ddp_gpus, no_ddp, sizes, out)
     job = write_job(specs, rec["config"], opts.get("jobs_dir", out), opts.get("site"), int(opts.get("job_steps", 1000)))
     result = Card.build(specs, probe, bench_result, rows, rec, memory, ddp, job, time.perf_counter() - started)
@@ -382,10 +383,13 @@ def _fits(run, x, y, k: int) -> bool:
         torch.cuda.empty_cache()
 
 
-def predict_ddp(probe: dict, row: dict) -> dict:
-    """The gradient bytes, the all-reduce bandwidth of this node and the DDP efficiency they predict."""
+def predict_ddp(probe: dict, row: dict, alone: dict) -> dict:
+    """The gradient bytes, the all-reduce bandwidth of this node and the DDP efficiency they predict, each rank's
+    step being DDP's in one process (`alone`, card_ddp.one_process) where it was measured."""
     step_ms = 1000 * row["batch"] / row["img_s"]
     nbytes = min(probe["grad_bytes"], (64 if probe["device_type"] == "cuda" else 4) * 2**20)
     bw = allreduce.measure(nbytes)
+    ddp_step = card_ddp.predicted_step_ms(alone, step_ms)
     return {"grad_bytes": probe["grad_bytes"], "step_ms": step_ms, "bandwidth": dataclasses.asdict(bw),
-            "rows": allreduce.predict(step_ms, probe["grad_bytes"], bw.bus_gb_s)}
+            "one_process": alone, "rows": allreduce.predict(step_ms, probe["grad_bytes"], bw.bus_gb_s,
+                                                            ddp_step_ms=ddp_step)}

@@ -7,17 +7,26 @@ scaling: N GPUs' samples/s over N times one GPU's), and the card prints it besid
 
 The card's key ddp_gpus says how many: auto (the default: 2 or 4 on a node with that many GPUs, none on a node
 with fewer than 2), 0 (never), or N (N processes; on a CPU they are gloo processes, which is how the tests run it).
+
+On every node, one GPU included, the card also trains its recommendation as DDP in this one process (world size 1:
+`one_process`): DDP's gradient hooks and buckets, and on a compiled model the graph cut at the buckets, cost every
+GPU that much before any communication, and the prediction counts it (allreduce.predict's ddp_step_ms).
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
-from . import card_report, cases, scaling
+from . import allreduce, card_report, cases, ladder, noise, scaling
 from ..config import TrainConfig, UserError
 from ..meters import untimed_steps
+
+ONE_PROCESS = ladder.Rung("ddp_one_process", "the recommendation as DDP in one process (world size 1)")
 
 ESTIMATE_S = {"cuda": 150.0, "cpu": 60.0}  # one training run, start-up and compilation included
 
@@ -74,3 +83,43 @@ def measure(specs: dict, cfg: TrainConfig, gpus: int, why: str | None, sizes, ou
             "ddp_samples_s": many["throughput_img_s"], "timed_steps": sizes.steps,
             "log": str(out / "ddp" / "cases.log"), "wall_s": wall_s}
 
+
+
+# ---------------------------------------------------------------------------------------- DDP in one process
+def one_process(measure, rec: dict, sizes) -> dict:
+    """The recommended configuration (rec, card.recommend's) trained as DDP in this process, rank 0 of 1, by
+    `measure(cfg) -> row` (the card's measure_rung, so the row is like for like with the recommendation's): its
+    samples/s against the recommendation's, and whether the difference is beyond noise."""
+    if dist.is_available() and dist.is_initialized() or "RANK" in os.environ:
+        return {"why": "not measured: this process is already one rank of several (RANK is set); run the card alone"}
+    cfg = rec["config"]
+    warm = untimed_steps(cfg, sizes.warmup)
+    cfg = cfg.replace(parallel="ddp", steps=warm + sizes.steps, timing_warmup=warm, log_every=warm + sizes.steps,
+                      out_dir=str(Path(cfg.out_dir).parent / ONE_PROCESS.name))
+    with rank_zero_of_one():
+        row = measure(cfg)
+    if row.get("skipped"):
+        return {"why": row["skipped"], "row": row}
+    base, alone = ladder.figure(rec["row"]), ladder.figure(row)
+    return {"why": None, "row": row, "factor": row["img_s"] / rec["row"]["img_s"],
+            "relation": noise.relation(alone, base), "step_ms": 1000 * row["batch"] / row["img_s"]}
+
+
+@contextlib.contextmanager
+def rank_zero_of_one():
+    """The variables torchrun sets for one process (a free port on this host), restored afterwards."""
+    launch = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(allreduce.free_port())}
+    old = {k: os.environ.get(k) for k in launch}
+    os.environ.update(launch)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def predicted_step_ms(alone: dict, step_ms: float) -> float | None:
+    """The step the prediction adds the all-reduce to: DDP's in one process, never faster than without DDP (a
+    faster one is noise), or None when it was not measured."""
+    return max(step_ms, alone["step_ms"]) if alone.get("why") is None else None

@@ -65,8 +65,11 @@ class Card:
             ("largest batch that fits", f"{largest:,} ({self.memory['why']})" if largest else self.memory["why"]),
             ("gradients all-reduced per step", f"{_mb(p['grad_bytes'])} (fp32)"),
             ("all-reduce bus bandwidth", f"{b['bus_gb_s']:.2f} GB/s between {b['where']}, messages of {_mb(b['nbytes'])}"),
+            ("DDP in one process (its own cost)", one_process_line(self.ddp.get("one_process") or {"why": "not measured"})),
             (f"DDP efficiency predicted on {gpus} GPUs", f"{preds} (from: nothing overlaps, to: the all-reduce "
-                                                          "hides behind the backward pass)" + _floor_note(p, b)),
+                                                          "hides behind the backward pass" +
+             ("; each rank's step as DDP's in one process" if (self.ddp.get("one_process") or {}).get("why") is None
+              else "; DDP's own cost left out") + ")" + _floor_note(p, b)),
             ("DDP efficiency measured", measured_line(self.ddp.get("measured") or {"why": "not measured"},
                                                       self.ddp["rows"])),
             ("training job", self.job.get("path") or self.job["why"]),
@@ -120,6 +123,18 @@ def measured_line(measured: dict, predicted: list[dict]) -> str:
     beside = (f"; predicted {pred['efficiency_exposed']:.2f}-{pred['efficiency_hidden']:.2f}" if pred else "")
     return (f"{measured['efficiency']:.2f} on {n} {unit} ({measured['ddp_samples_s']:,.1f} samples/s against "
             f"{n} x {measured['one_gpu_samples_s']:,.1f} on 1){beside}")
+
+
+def one_process_line(alone: dict) -> str:
+    """The card's row "DDP in one process": the recommendation wrapped in DDP with no other rank (card_ddp.one_process)
+    against the recommendation, or why it was not measured."""
+    if alone.get("why"):
+        return alone["why"] + "; the prediction below leaves DDP's own cost out"
+    r = alone["row"]
+    words = {"<": "slower beyond noise", "≈": "within noise", ">": "faster beyond noise: the prediction counts it as no cost"}[alone["relation"]]
+    return (f"x{alone['factor']:.2f} of the recommendation ({words}): {r['img_s']:,.1f} samples/s, step "
+            f"{alone['step_ms']:.2f} ms; what DDP's gradient hooks and buckets (and a compiled graph cut at the "
+            "buckets) cost every GPU before any communication")
 
 
 def _bound_only(verdict: str | None) -> str | None:
