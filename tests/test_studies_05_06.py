@@ -25,12 +25,24 @@ FULL = size.Size(False, "test")
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
-    """Each study's small mode, once: {study: (its figures, its output folder)}."""
-    out = {}
+    """Each study's small mode, once, as its command line (`python -m tutorial_lib study NAME --small`): the three
+    at the same time, since each runs its cases one after another, mostly in one single-threaded process, and this
+    machine has two cores. {study: (its figures, its output folder)}."""
+    started = {}
     for name in ("dpddp", "ddp_probe", "scaling"):
         folder = tmp_path_factory.mktemp(name)
-        written = studies.run(name, SMALL, folder)
-        (ref_name, path), = written.items()
+        log = open(folder / "study.log", "w")
+        started[name] = (folder, log, subprocess.Popen(
+            [sys.executable, "-m", "tutorial_lib", "study", name, "--small", "--out", str(folder)], cwd=ROOT,
+            stdout=log, stderr=subprocess.STDOUT))
+    out = {}
+    for name, (folder, log, proc) in started.items():
+        code = proc.wait(timeout=600)
+        log.close()
+        said = (folder / "study.log").read_text()
+        assert code == 0, f"study {name} --small failed ({code}):\n{said[-3000:]}"
+        path = Path(re.findall(r"wrote (\S+\.json)", said)[-1])
+        assert path.parent == folder, said[-500:]
         record = json.loads(path.read_text())
         assert record["card"] == "CPU (small mode)" and record["script"] == f"python -m tutorial_lib study {name}"
         out[name] = (record["figures"], folder)
