@@ -370,11 +370,10 @@ def test_ddp_in_one_process_says_why_when_it_is_not_measured(monkeypatch):
     from tutorial_lib.lessons import card_ddp
 
     rec = {"config": tl.load(None, {"out_dir": "runs/x/fp32"}), "row": {"img_s": 10.0, "batch": 4}}
-    sizes = card_module.SMALL
-    failed = card_ddp.one_process(lambda cfg: {"skipped": f"failed: {cfg.parallel} {cfg.out_dir}"}, rec, sizes)
+    failed = card_ddp.one_process(lambda cfg: {"skipped": f"failed: {cfg.parallel} {cfg.out_dir}"}, rec)
     assert failed["why"] == "failed: ddp runs/x/ddp_one_process"  # the rung's row says why; it ran as DDP
     assert "DDP's own cost out" in card_ddp.card_report.one_process_line(failed)
     assert card_ddp.predicted_step_ms(failed, 30.0) is None
     monkeypatch.setenv("RANK", "1")
-    assert card_ddp.one_process(lambda cfg: pytest.fail("ran"), rec, sizes)["why"].startswith(
+    assert card_ddp.one_process(lambda cfg: pytest.fail("ran"), rec)["why"].startswith(
         "not measured: this process is already one rank")

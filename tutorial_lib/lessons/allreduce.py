@@ -12,6 +12,7 @@ twice the forward's arithmetic); at worst nothing hides. Both bounds are reporte
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -59,6 +60,18 @@ def _worker(rank: int, world: int, port: int, backend: str, nbytes: int, iters: 
     del buf
 
 
+@contextlib.contextmanager
+def environment(**values: str):
+    """These environment variables set for the block (the processes it starts inherit them), then as they were."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -80,15 +93,9 @@ def measure(nbytes: int, gpus: int | None = None, iters: int | None = None) -> B
     if key not in _CACHE:
         ctx = mp.get_context("spawn")
         queue = ctx.SimpleQueue()
-        threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        old = {k: os.environ.get(k) for k in threads}
-        os.environ.update(threads)
-        try:
+        with environment(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")):
             mp.start_processes(_worker, args=(ranks, free_port(), backend, nbytes, iters, queue), nprocs=ranks,
                                start_method="spawn", join=True)
-        finally:
-            for k, v in old.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         seconds = queue.get()
         bus = nbytes / seconds * 2 * (ranks - 1) / ranks / 1e9
         where = f"{ranks} GPUs of this node (NCCL)" if backend == "nccl" else \

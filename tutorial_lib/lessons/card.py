@@ -86,7 +86,7 @@ def card(model: Any, batch: Any = None, loss: Any = None, *, small: bool | None 
     rows = measure_rungs(parts, plan, sizes, say)
     rec = recommend(rows, plan)
     memory = largest_batch(parts, rec["config"], probe, sizes.batch_cap)
-    alone = card_ddp.one_process(lambda c: measure_rung(parts, card_ddp.ONE_PROCESS, c), rec, sizes)
+    alone = card_ddp.one_process(lambda c: measure_rung(parts, card_ddp.ONE_PROCESS, timed(c, sizes)), rec)
     ddp = predict_ddp(probe, rec["row"], alone)
     ddp["measured"] = card_ddp.measure(specs, rec["config"], ddp_gpus, no_ddp, sizes, out)
     job = write_job(specs, rec["config"], opts.get("jobs_dir", out), opts.get("site"), int(opts.get("job_steps", 1000)))
@@ -297,13 +297,18 @@ def measure_rungs(parts: ownmodel.Parts, plan: list[tuple], sizes: CardSizes, sa
     for rung, cfg, reason in plan:
         if reason is None and time.perf_counter() - start > sizes.budget_s:
             reason = f"the card's time budget ({sizes.budget_s:.0f} s) was spent"
-        warm = untimed_steps(cfg, sizes.warmup)
-        cfg = cfg.replace(steps=warm + sizes.steps, timing_warmup=warm, log_every=warm + sizes.steps)
+        cfg = timed(cfg, sizes)
         row = ladder.skipped_row(rung, cfg, reason) if reason else measure_rung(parts, rung, cfg)
         rows.append(row)
         say(ladder.row_line(row).replace("img/s", "samples/s"))
     ladder.add_speedups(rows)
     return rows
+
+
+def timed(cfg: TrainConfig, sizes: CardSizes) -> TrainConfig:
+    """`cfg` run for the card's untimed steps, then its timed ones, logged once at the end."""
+    warm = untimed_steps(cfg, sizes.warmup)
+    return cfg.replace(steps=warm + sizes.steps, timing_warmup=warm, log_every=warm + sizes.steps)
 
 
 def measure_rung(parts: ownmodel.Parts, rung, cfg: TrainConfig) -> dict:

@@ -14,7 +14,6 @@ GPU that much before any communication, and the prediction counts it (allreduce.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from pathlib import Path
@@ -84,39 +83,22 @@ def measure(specs: dict, cfg: TrainConfig, gpus: int, why: str | None, sizes, ou
             "log": str(out / "ddp" / "cases.log"), "wall_s": wall_s}
 
 
-
 # ---------------------------------------------------------------------------------------- DDP in one process
-def one_process(measure, rec: dict, sizes) -> dict:
+def one_process(measure, rec: dict) -> dict:
     """The recommended configuration (rec, card.recommend's) trained as DDP in this process, rank 0 of 1, by
-    `measure(cfg) -> row` (the card's measure_rung, so the row is like for like with the recommendation's): its
+    `measure(cfg) -> row` (the card's rung measure, so the row is like for like with the recommendation's): its
     samples/s against the recommendation's, and whether the difference is beyond noise."""
     if dist.is_available() and dist.is_initialized() or "RANK" in os.environ:
         return {"why": "not measured: this process is already one rank of several (RANK is set); run the card alone"}
     cfg = rec["config"]
-    warm = untimed_steps(cfg, sizes.warmup)
-    cfg = cfg.replace(parallel="ddp", steps=warm + sizes.steps, timing_warmup=warm, log_every=warm + sizes.steps,
-                      out_dir=str(Path(cfg.out_dir).parent / ONE_PROCESS.name))
-    with rank_zero_of_one():
-        row = measure(cfg)
+    with allreduce.environment(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(allreduce.free_port())):  # torchrun's, for one
+        row = measure(cfg.replace(parallel="ddp", out_dir=str(Path(cfg.out_dir).parent / ONE_PROCESS.name)))
     if row.get("skipped"):
         return {"why": row["skipped"], "row": row}
     base, alone = ladder.figure(rec["row"]), ladder.figure(row)
     return {"why": None, "row": row, "factor": row["img_s"] / rec["row"]["img_s"],
             "relation": noise.relation(alone, base), "step_ms": 1000 * row["batch"] / row["img_s"]}
-
-
-@contextlib.contextmanager
-def rank_zero_of_one():
-    """The variables torchrun sets for one process (a free port on this host), restored afterwards."""
-    launch = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(allreduce.free_port())}
-    old = {k: os.environ.get(k) for k in launch}
-    os.environ.update(launch)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
 def predicted_step_ms(alone: dict, step_ms: float) -> float | None:
