@@ -327,16 +327,44 @@ def test_the_examples_at_small_size(monkeypatch):
 
 
 def test_the_largest_batch_search():
-    """Doubling, then halving the gap to within an eighth; the cap stops it (the GPU's out-of-memory is a False)."""
+    """Doubling, then halving the gap to within an eighth; the cap stops it (the GPU's out-of-memory is a None)."""
     tried = []
 
-    def fits(k, limit=37):
+    def peak(k, limit=37):
         tried.append(k)
-        return k <= limit
-    good, bad = card_module.search_batch(fits, 8, 4096)
+        return 1000 * k if k <= limit else None
+    good, bad = card_module.search_batch(peak, 8, 4096)
     assert good <= 37 * 8 < bad and bad - good <= good // 8 + 8 and tried[:6] == [2, 4, 8, 16, 32, 64]
-    assert card_module.search_batch(lambda k: True, 8, 64) == (64, None)
-    assert card_module.search_batch(lambda k: False, 8, 4096) == (8, 16)
+    assert card_module.search_batch(lambda k: 1, 8, 64) == (64, None)
+    assert card_module.search_batch(lambda k: 1, 8, 80) == (80, None)  # the cap itself is tried
+    assert card_module.search_batch(lambda k: None, 8, 4096) == (8, 16)
+
+
+@pytest.mark.parametrize("limit", [37, 200, 511])
+def test_the_largest_batch_search_predicts_from_the_memory_it_may_use(limit):
+    """With a budget the line through the peaks at k = 1 and 2 predicts the largest k: a step costs 100 + 10 k
+    bytes and the budget holds exactly `limit` of them, so the prediction (with its margin) fits, one eighth more
+    does not, and the search ends within an eighth after a handful of batch sizes, not one per doubling."""
+    tried = []
+
+    def peak(k):
+        tried.append(k)
+        return 100 + 10 * k if k <= limit else None
+    good, bad = card_module.search_batch(peak, 8, 4096, budget=100 + 10 * limit)
+    assert good <= limit * 8 and (bad is None or (limit * 8 < bad and bad - good <= good // 8 + 8))
+    assert tried[:2] == [1, 2] and len(tried) <= 6, tried
+    predicted, tried[:] = list(tried), []
+    card_module.search_batch(peak, 8, 4096)  # without a budget: doubling
+    assert len(predicted) < len(tried), (predicted, tried)
+
+
+def test_a_prediction_that_misses_falls_back_to_halving_the_gap():
+    """Memory that grows faster than the line through k = 1 and 2 (fragmentation, a workspace): the predicted k does
+    not fit, and the search halves the gap down to the largest that does."""
+    def peak(k):
+        return 100 + 10 * k if k <= 20 else None
+    good, bad = card_module.search_batch(peak, 8, 4096, budget=100 + 10 * 100)
+    assert good <= 20 * 8 < bad and bad - good <= good // 8 + 8
 
 
 def test_figures_whose_windows_differ_by_more_than_themselves_print_their_range():

@@ -349,7 +349,8 @@ def recommend(rows: list[dict], plan: list[tuple]) -> dict:
 
 def largest_batch(parts: ownmodel.Parts, cfg: TrainConfig, probe: dict, cap: int) -> dict:
     """On a GPU: the largest batch (a multiple of the user's, the batch repeated) whose eager training step at the
-    recommended precision and layout fits in memory (search_batch); on a CPU, n/a."""
+    recommended precision and layout fits in memory (search_batch, predicting from the memory this process may
+    use); on a CPU, n/a."""
     b = probe["batch"]
     if probe["device_type"] != "cuda":
         return {"largest_batch": None, "why": "n/a on a CPU: host memory swaps before a batch fails to fit; run "
@@ -357,31 +358,61 @@ def largest_batch(parts: ownmodel.Parts, cfg: TrainConfig, probe: dict, cap: int
     eager = cfg.replace(compile=False, cuda_graph=False, steps=1, timing_warmup=0, out_dir=f"{cfg.out_dir}_memory")
     with contextlib.redirect_stdout(io.StringIO()), engine.prepared_run(eager, parts.make_run) as run:
         x, y = next(run.batches())
-        good, bad = search_batch(lambda k: _fits(run, x, y, k), b, max(cap, b))
+        good, bad = search_batch(lambda k: _peak(run, x, y, k), b, max(cap, b), _budget(run.device))
     limit = f"{bad:,} did not fit" if bad else f"the search stops at {max(cap, b):,}"
     return {"largest_batch": good, "why": f"eager step at {cfg.precision}; {limit}"}
 
 
-def search_batch(fits, batch: int, cap: int) -> tuple[int, int | None]:
-    """(the largest k x batch for which fits(k), the smallest that did not or None): k doubles from 1 (which ran
-    already) while k x batch <= cap, then the gap is halved until it is within an eighth."""
-    good, bad = 1, None
-    while bad is None and 2 * good * batch <= cap:
-        good, bad = (2 * good, None) if fits(2 * good) else (good, 2 * good)
+def _budget(device) -> float | None:
+    """The bytes this process's steps may use: the driver's free memory and what the allocator already holds (None
+    where the driver can't say: the search then only doubles)."""
+    try:
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device)
+    except RuntimeError:
+        return None
+
+
+PREDICTION_MARGIN = 0.95  # of the memory budget: the allocator's fragmentation and cuDNN's workspaces vary with k
+
+
+def search_batch(peak, batch: int, cap: int, budget: float | None = None) -> tuple[int, int | None]:
+    """(the largest k x batch whose step fits, the smallest that did not or None), within an eighth; peak(k) runs a
+    step at k x batch and gives its peak bytes, or None when it did not fit. Every new batch size costs cuDNN's
+    autotuner a search of every convolution, so the search tries few: with a `budget` (bytes the steps may use),
+    the line through the peaks at k = 1 and 2 predicts the largest k, which is tried next, then one eighth more;
+    without one (or when the prediction misses), k doubles. Then the gap to the first k that did not fit is
+    halved until it is within an eighth. No k beyond cap // batch is tried."""
+    top = max(1, cap // batch)
+    good, bad, grow = 1, None, (lambda k: 2 * k)
+    peak1 = peak(1) if budget and top >= 2 else None
+    if peak1 is not None:
+        peak2 = peak(2)
+        good, bad = (2, None) if peak2 is not None else (1, 2)
+        if peak2 is not None and peak2 > peak1:
+            guess = min(top, int(2 + (PREDICTION_MARGIN * budget - peak2) / (peak2 - peak1)))  # peak2 + per k
+            if guess > good:
+                good, bad = (guess, None) if peak(guess) is not None else (good, guess)
+                grow = (lambda k: k + max(1, k // 8)) if bad is None else grow
+    while bad is None and good < top:
+        k = min(top, grow(good))
+        good, bad = (k, None) if peak(k) is not None else (good, k)
     while bad is not None and bad - good > max(1, good // 8):
         mid = (good + bad) // 2
-        good, bad = (mid, bad) if fits(mid) else (good, mid)
+        good, bad = (mid, bad) if peak(mid) is not None else (good, mid)
     return good * batch, bad * batch if bad else None
 
 
-def _fits(run, x, y, k: int) -> bool:
+def _peak(run, x, y, k: int) -> int | None:
+    """The peak bytes the allocator held during one training step at k x the batch, or None when it ran out."""
     try:
+        torch.cuda.reset_peak_memory_stats(run.device)
         run.train_step(torch.cat([x] * k), torch.cat([y] * k))
         torch.cuda.synchronize(run.device)
-        return True
+        return torch.cuda.max_memory_allocated(run.device)
     except RuntimeError as e:  # torch.cuda.OutOfMemoryError, or cuDNN's own allocation failing
         if isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e) or "ALLOC_FAILED" in str(e):
-            return False
+            return None
         raise
     finally:
         run.opt.zero_grad(set_to_none=True)
