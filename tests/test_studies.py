@@ -55,6 +55,25 @@ def test_a_small_study_writes_its_reference_record_into_out_only(tiny, tmp_path,
     assert (tmp_path / "out" / "table.md").is_file() and not (tmp_path / "committed").exists()
 
 
+def test_a_study_that_ran_out_of_budget_prints_the_call_that_runs_the_rest(tmp_path, monkeypatch, capsys):
+    from tutorial_lib.config import TrainConfig
+    from tutorial_lib.lessons import cases
+
+    def short_study(size, out):  # a device call's budget of 5 s: the long cases are skipped, not run
+        runner = cases.Runner(out, budget_s=5, gpus_here=2)
+        cfg = TrainConfig(device="cpu", steps=2)
+        for name, gpus in (("long_a", 1), ("four", 4), ("long_b", 2)):
+            runner.run(cases.Case(name, cfg, gpus, name, estimate_s=60))
+        return {"99_short": {"runs": runner.records}}
+
+    monkeypatch.setitem(studies.STUDIES, "short", studies.Study("short", "x:y", "99", 1, "a test's own study"))
+    monkeypatch.setattr(studies.Study, "function", lambda self: short_study)
+    studies.run("short", size.Size(True, "test"), tmp_path / "out")
+    out = capsys.readouterr().out
+    assert "2 case(s) did not fit in this call's budget" in out  # not the case this node has too few GPUs for
+    assert f"python -m tutorial_lib study short --only long_a,long_b --out {tmp_path / 'out'}" in out
+
+
 def test_reference_needs_full_sizes(tiny, tmp_path):
     with pytest.raises(UserError, match="without --small"):
         studies.run("tiny", size.Size(True, "test"), tmp_path, write_reference=True)

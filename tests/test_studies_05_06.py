@@ -230,19 +230,61 @@ def test_the_race_target_is_out_of_one_gpus_reach_and_well_below_its_ceiling():
     assert "no validation after" in scaling.race_target(rising[:30], after_s=60, val_size=5000)["why"]
 
 
-def test_the_committed_race_that_peaked_early_gets_no_target_and_says_so():
-    """The 4x H200 record's race: one GPU peaked at 70.52% within its first minute and then fell slowly (its
-    50,000 training images over-fitted); the rule refuses any target, names why, and the notebook's lines say it
-    with the fixed costs' share."""
-    f = reference.load("06_scaling")["figures"]
-    history = f["runs"]["race_1"]["result"]["val_history"]
-    rule = scaling.race_target(history, 60, 5000)
+def test_a_race_that_peaked_early_gets_no_target_and_says_so():
+    """A 4x H200 record's one-GPU race (tests/fixtures): it peaked at 70.52% within its first minute and then fell
+    slowly (its 50,000 training images over-fitted); the rule refuses any target, names why, and the notebook's
+    lines say it with the fixed costs' share."""
+    early = json.loads((Path(__file__).parent / "fixtures" / "race_peaked_early.json").read_text())
+    rule = scaling.race_target(early["val_history"], 60, early["val_size"])
     assert rule["target"] is None and "learned too soon" in rule["why"]
     assert rule["best_smoothed"] < rule["best_early"]  # it fell after its first minute: no target can lie between
+    f = copy.deepcopy(reference.load("06_scaling")["figures"])
+    one = f["runs"]["race_1"]["result"]
+    one["val_history"], one["config"]["val_size"] = early["val_history"], early["val_size"]
+    f["race"].update(target=None, why=rule["why"])
     assert not scaling_study.race_holds(f)
     text = "\n".join(scaling_study.race_lines(f))
     assert "no target: the one-GPU run reached 70.52% (1,474 wrong of 5,000)" in text
     assert "of its whole run" in text  # the fixed costs' share, run by run
+    assert scaling_study.bound_lines(f) == ["no bound from this record: its race has no target that the runs "
+                                            "climb through (see above)"]
+    assert scaling_study.race_headline(f)[0].startswith("time to the target: no headline figure")
+
+
+def test_the_committed_race_holds_and_says_what_its_single_runs_can_decide():
+    """The 4x H200 record's race: a target one GPU reaches after its first minute; the bound and the headline
+    beat 4x, and the lines say why (one run each; another batch per GPU), not that 4 GPUs beat 4x."""
+    f = reference.load("06_scaling")["figures"]
+    assert scaling_study.race_holds(f) and f["gpus"] == 4
+    rows = scaling_study.race_rows(f)
+    assert rows[0]["seconds_to_target"] > scaling_study.AFTER_S and all(r["seconds_to_target"] for r in rows)
+    bound = scaling_study.bound_lines(f)
+    assert len([x for x in bound if x.startswith("global batch")]) == len(rows)
+    (line,) = [x for x in bound if x.startswith("bound: 4 x")]
+    value = float(line.split(" = ")[1].split("x")[0])
+    beside = [r["images_to_target"] for r in rows if r["global_batch"] == 4 * rows[0]["global_batch"]]
+    if min(beside) <= rows[0]["images_to_target"] <= max(beside):
+        assert "lies inside that spread, so the ratio of images is one run's luck" in bound[-1]
+        assert bound[-1].endswith("and so is a bound above 4x") == (value > 4)
+    head = scaling_study.race_headline(f)
+    fastest = min(rows[1:], key=lambda r: r["seconds_to_target"])
+    assert f"{fastest['sooner']:.2f}x sooner" in head[0]
+    assert (len(head) == 2) == (fastest["sooner"] > 4)
+    if fastest["sooner"] > 4:
+        assert "comes from the batch per GPU, not from the GPUs" in head[1]
+
+
+def test_race_lines_never_call_a_bound_from_scattered_single_runs_a_gain():
+    f = copy.deepcopy(reference.load("06_scaling")["figures"])
+    rows = scaling_study.race_rows(f)
+    one = rows[0]["images_to_target"]
+    for r in rows[1:]:  # every run at 4 x 256 needs fewer images than one GPU: said, with the advice to repeat
+        if r["global_batch"] == 4 * rows[0]["global_batch"]:
+            hist = f["runs"][r["case"]]["result"]["val_history"]
+            scale = 0.5 * one / r["images_to_target"]
+            f["runs"][r["case"]]["result"]["val_history"] = [[round(s * scale), t, a] for s, t, a in hist]
+    last = scaling_study.bound_lines(f)[-1]
+    assert "needed fewer images than one GPU" in last and last.endswith("repeat the race before you count on it")
 
 
 def test_a_study_without_a_target_records_why_and_runs_no_race_point(tmp_path):
@@ -295,9 +337,7 @@ def test_every_case_the_committed_record_lacks_is_named_once_with_its_reason():
     assert f["gpus"] == 4 and not named  # the 4-GPU record holds every case
     g = reference.load("06_scaling")["figures"]
     assert not scaling_study.not_recorded(g, ("weak_", "traced_", "strong_", "baseline"))
-    races = scaling_study.not_recorded(g, ("race_",))
-    assert len(races) == 4 and all(line.endswith(": not recorded (the race has no target (the one-GPU run's "
-                                                 "record says why))") for line in races)
+    assert not scaling_study.not_recorded(g, ("race_",))  # its race had a target: every point ran
 
 
 # ---------------------------------------------------------------------------------------- the notebooks' cells
@@ -527,7 +567,7 @@ def test_the_cost_lines_say_which_faster_point_is_not_cheaper():
         f["runs"][name]["result"]["joules_per_image"] = 0.01 if name == "weak_1" else 0.011
     assert "; 0.0110 J per image against 0.0100" in scaling_study.cost_lines(f)[f["counts"].index(f["gpus"]) - 1]
     for name in list(f["runs"]):  # the weak points only, each as fast per GPU as one GPU: within noise, said once
-        if name.startswith("strong_"):
+        if name.startswith(("strong_", "race_")):
             del f["runs"][name]
         elif name.startswith("weak_"):
             n = f["runs"][name]["result"]["world_size"]

@@ -1,7 +1,7 @@
 """Notebook 06's GPU study: scaling the recipe of configs/optimized.yaml over the GPUs of one node, measured.
 
-    python -m tutorial_lib study scaling --reference     # a node with 2 or 4 GPUs: about 7 minutes
-    python -m tutorial_lib study scaling --reference --only traced_2,race_1   # cases missing from its record
+    python -m tutorial_lib study scaling --reference     # a node with 2 or 4 GPUs: about 13 minutes, in calls
+    python -m tutorial_lib study scaling --reference --only race_1,race_4_256_sqrt   # what a call's budget left
     python -m tutorial_lib study scaling --small         # the same code with tiny sizes on a CPU (2 gloo ranks)
 
 Every run is the workbook's command line, one at a time with the node to itself (lessons/cases.py), in the
@@ -35,6 +35,7 @@ from ..config import ROOT, UserError, load
 
 BUDGET_S = 440  # one device call runs 600 s at most: start-up, and the last case's overrun, fit in the rest
 RACE_S, AFTER_S = 120.0, 60.0  # one GPU trains about RACE_S seconds; the target is out of its reach before AFTER_S
+RACE_FIXED_S = 60.0  # a race run's cost beside training (4x H200: start-up with the data 43-49 s, compile, validation)
 B256_OVER_B1024 = 0.75  # one GPU's img/s at batch 256 over 1024 in this recipe (notebook 04's ladder): sizes the race
 BASE_LR, WARMUP_IMAGES = 2e-3, 100_000
 # shapes_hard is learned to 99.5% in about 0.5 million images (7 s of one H200): no target well below its ceiling
@@ -157,7 +158,7 @@ def race_stage(size, runner: Runner, fig: dict) -> None:
                           "batch_per_gpu": base.batch_size, "dataset": base.dataset, "val_size": base.val_size}
     one = scaling.lr_recipe(base, 1, base.batch_size, "none", race["warmup_images"]).replace(
         steps=steps, eval_every=every)
-    rec = runner.run(_case("race_1", one, 1, "1 GPU", size.pick(60, RACE_S + 45)))
+    rec = runner.run(_case("race_1", one, 1, "1 GPU", size.pick(60, RACE_S + RACE_FIXED_S)))
     history = (rec.get("result") or {}).get("val_history")
     if not history:
         race.update(target=None, why="the one-GPU run " + ("recorded no validation" if rec.get("result") else
@@ -183,7 +184,7 @@ def race_points(size, runner: Runner, fig: dict, points: list) -> None:
         m = n * k  # times the one-GPU run's images per step
         cfg = cfg.replace(steps=max(1, steps // m), eval_every=max(1, every // m), target_accuracy=race["target"])
         case = _case(f"race_{n}_{per_gpu}_{rule}", cfg, n, f"{n} GPUs, {per_gpu} per GPU, lr rule {rule}",
-                     size.pick(60, RACE_S * 1.2 / m + 35))
+                     size.pick(60, RACE_S * 1.2 / m + RACE_FIXED_S))
         if race["target"] is None:
             runner.skip(case, "the race has no target (the one-GPU run's record says why)")
         else:
@@ -353,6 +354,59 @@ def images_by_global_batch(fig: dict) -> list[dict]:
     """The race runs' images to the target by global batch and rule (a larger global batch may need more)."""
     return [{"global_batch": r["global_batch"], "about": r["about"], "images_to_target": r["images_to_target"]}
             for r in race_rows(fig)]
+
+
+def bound_lines(fig: dict) -> list[str]:
+    """Images to the target by global batch, and what they bound: N x the weak efficiency at the race's batch
+    per GPU x (one GPU's images / the fewest at N x that batch). One run each, so beside it the spread of the
+    runs at N x the batch says whether the ratio of images is more than one run's luck."""
+    rows, n = race_rows(fig), fig["gpus"]
+    if not (rows and race_holds(fig)):
+        return ["no bound from this record: its race has no target that the runs climb through (see above)"]
+    out = [f"global batch {r['global_batch']:5d} ({r['about']}): "
+           + (f"{r['images_to_target']:,} images" if r["images_to_target"] else "never reached") for r in rows]
+    one = rows[0]["images_to_target"]
+    eff = max((row["point"].efficiency for row in scaling_rows(fig) if row["kind"].startswith("weak, the race's")),
+              default=None)
+    beside = [r for r in rows[1:] if r["global_batch"] == n * rows[0]["global_batch"] and r["images_to_target"]]
+    if not (eff and beside and one):
+        return out
+    best = min(beside, key=lambda r: r["images_to_target"])
+    k = one / best["images_to_target"]
+    out.append(f"bound: {n} x {eff:.3f} x {k:.2f} = {n * eff * k:.2f}x sooner; the race gave {best['sooner']:.2f}x "
+               f"({best['about']})")
+    lo, hi = min(r["images_to_target"] for r in beside), max(r["images_to_target"] for r in beside)
+    if len(beside) > 1 and lo <= one <= hi:
+        out.append(f"one run each: the {len(beside)} runs at a global batch of {beside[0]['global_batch']:,} needed "
+                   f"{lo:,}-{hi:,} images and one GPU's {one:,} lies inside that spread, so the ratio of images is "
+                   "one run's luck, not a gain" + (f", and so is a bound above {n}x" if n * eff * k > n else ""))
+    elif len(beside) > 1:
+        out.append(f"one run each: every run at a global batch of {beside[0]['global_batch']:,} needed "
+                   + ("fewer" if one > hi else "more") + f" images than one GPU ({lo:,}-{hi:,} against {one:,}); "
+                   "repeat the race before you count on it")
+    return out
+
+
+def race_headline(fig: dict) -> list[str]:
+    """Time to the target: one GPU against the fastest run on every GPU, in training seconds and in what a
+    person waits; where it beats N times, why (images per second per GPU at its batch, and images needed)."""
+    rows = race_rows(fig)
+    fastest = min((r for r in rows[1:] if r["seconds_to_target"]), key=lambda r: r["seconds_to_target"], default=None)
+    if not (fastest and race_holds(fig)):
+        return ["time to the target: no headline figure from this record (its race has no target the runs climb "
+                "through)"]
+    one = rows[0]
+    out = [f"time to the target: 1 GPU {one['seconds_to_target']:.1f} s of training -> {fastest['about']} "
+           f"{fastest['seconds_to_target']:.1f} s: {fastest['sooner']:.2f}x sooner ({fastest['sooner_waiting']:.2f}x "
+           "counting the fixed costs)"]
+    n = fastest["gpus"]
+    if fastest["sooner"] > n:
+        per_gpu = fastest["img_s"] / n / one["img_s"]
+        images = fastest["images_to_target"] / one["images_to_target"]
+        out.append(f"more than {n}x: each of its GPUs ran {per_gpu:.2f}x one GPU's images per second (its batch per "
+                   f"GPU is {fastest['global_batch'] // n}, one GPU's {one['global_batch']}) and it needed {images:.2f}x "
+                   f"the images: its lead over {n}x comes from the batch per GPU, not from the GPUs")
+    return out
 
 
 def race_holds(fig: dict) -> bool:

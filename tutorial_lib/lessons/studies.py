@@ -106,7 +106,19 @@ def run(name: str, size: Size, out: str | Path, write_reference: bool = False,
     nothing = "no reference record (this study's figures are its tables in " + str(out) + ")"
     print(f"study {name} ({size.name} sizes) done in {time.time() - started:.0f} s; "
           f"wrote {', '.join(str(p) for p in written.values()) or nothing}")
+    later = over_budget(figures_by_name)
+    if later:
+        print(f"{len(later)} case(s) did not fit in this call's budget; the record keeps what ran. Run them in "
+              f"another call: python -m tutorial_lib study {name}{' --reference' if write_reference else ''} "
+              f"--only {','.join(later)}" + ("" if write_reference else f" --out {out}"))
     return written
+
+
+def over_budget(figures_by_name: dict) -> list[str]:
+    """The cases each record skipped because the study's time budget ran out (a device call's limit), in order."""
+    return [name for figures in figures_by_name.values() for group in ("runs", "cases")
+            for name, rec in (figures.get(group) or {}).items()
+            if isinstance(rec, dict) and "of the study's budget left" in str(rec.get("status", ""))]
 
 
 def selection(study: Study, size: Size, out: Path, write_reference: bool, only: list[str]):
