@@ -192,3 +192,47 @@ def test_the_cluster_study_checks_energy_a_hang_and_the_binding(tmp_path, one_th
     assert "33,307 J over the timed window (48.5 s)" in page and "ratio 0.9988 (within 5%)" in page
     assert "DDP on 4 GPUs" in page and "1.10x (unbound_1 100" in page
     assert f"dist_timeout_s=3{perfdoc.NCCL_WAIT}; rank 1" in page
+
+
+# ------------------------------------------------------------------------------------------ a rerun, compared
+def _run(img_s, p10=0.98, p90=1.02, **config):
+    return {"config": {"batch_size": 256, "out_dir": "x", **config},
+            "result": {"throughput_img_s": img_s, "step_time_ms": {"median": 10.0, "p10": 10.0 * p10, "p90": 10.0 * p90}}}
+
+
+def _study_record(runs, card="NVIDIA H200", date="2026-11-28"):
+    return {"card": card, "gpus": 4, "torch": "2.11.0+cu130", "date": date,
+            "script": "python -m tutorial_lib study scaling", "figures": {"runs": runs}}
+
+
+def test_a_rerun_is_compared_case_by_case_within_the_spread_of_its_steps():
+    old = _study_record({"same": _run(1000.0), "faster": _run(1000.0), "slower": _run(1000.0),
+                         "changed": _run(1000.0), "gone": _run(1000.0), "failed": {"status": "failed"}})
+    new = _study_record({"same": _run(1040.0), "faster": _run(1300.0), "slower": _run(700.0),
+                         "changed": _run(1000.0, batch_size=1024, out_dir="elsewhere"), "failed": _run(900.0)})
+    rows = {r["case"]: r for r in studies.compare(old, new)}
+    assert set(rows) == {"same", "faster", "slower", "changed"}  # in both, with a throughput in both
+    assert rows["same"]["verdict"] == "within the run-to-run spread" and rows["same"]["ratio"] == pytest.approx(1.04)
+    assert rows["faster"]["verdict"] == "faster now, beyond the spread"
+    assert rows["slower"]["verdict"] == "slower now, beyond the spread"
+    assert rows["changed"]["verdict"] == "another configuration (batch_size)"  # out_dir is where, not what
+    lines = studies.comparison_lines(old, new)
+    assert lines[-1] == "1 of 4 cases that ran in both records are within the run-to-run spread"
+    assert "| same | 1,000 (950-1,050) | 1,040 (988-1,092) | 1.040 | within the run-to-run spread |" in lines
+    assert not any(line.startswith("another card") for line in lines)
+    assert any(line.startswith("another card") for line in studies.comparison_lines(
+        _study_record({}, card="NVIDIA H100 80GB HBM3"), new))
+
+
+def test_compare_reads_the_committed_record_and_refuses_another_studys(tmp_path, capsys):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(reference.load("06_scaling")))
+    assert main(["study", "scaling", "--compare", str(old)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].endswith("cases that ran in both records are within the run-to-run spread")
+    assert not out.splitlines()[-1].startswith("0 of")  # a record against itself: every case within
+    old.write_text(json.dumps({**reference.load("06_scaling"), "script": "python -m tutorial_lib study dpddp"}))
+    assert main(["study", "scaling", "--compare", str(old)]) == 2
+    assert "not of 'python -m tutorial_lib study scaling'" in capsys.readouterr().err
+    assert main(["study", "scaling", "--compare", str(tmp_path / "none.json")]) == 2
+    assert "no such file" in capsys.readouterr().err

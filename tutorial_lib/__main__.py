@@ -23,11 +23,13 @@ torch and bad input fails at once. Bad input ends in one line, `error: ...`, and
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
 import time
 from dataclasses import fields
+from pathlib import Path
 
 from . import compilecache, doctor as doctor_module, perfdoc, reference
 from .config import UserError, key_help, load
@@ -168,11 +170,23 @@ def study(argv: list[str]) -> int:
     p.add_argument("--out", help="where its tables, logs and reference records go (default: runs/study_NAME)")
     p.add_argument("--only", action="append", metavar="CASE,...",
                    help="run just these cases and merge their records into the study's existing record")
+    p.add_argument("--compare", metavar="OLD.json", help="measure nothing: compare the study's committed record "
+                   "(notebooks/reference/) case by case with an older one of the same study (a rerun's check)")
     args = p.parse_args(argv)
     if args.list or not args.name:
         print(studies.listing())
         return 0 if args.list else 2
     studies.get(args.name)  # an unknown name fails here, before any work
+    if args.compare:
+        old = Path(args.compare)
+        if not old.is_file():
+            raise UserError(f"--compare {args.compare}: no such file; give an older record of study {args.name}, "
+                            f"e.g. git show HEAD~1:notebooks/reference/<name>.json > old.json")
+        record, script = json.loads(old.read_text()), f"python -m tutorial_lib study {args.name}"
+        if record.get("script") != script:
+            raise UserError(f"--compare {args.compare}: a record of {record.get('script')!r}, not of {script!r}")
+        print("\n".join(studies.comparison_lines(record, studies.committed(args.name))))
+        return 0
     studies.run(args.name, size.current(args.small), args.out or f"runs/study_{args.name}", args.reference,
                 args.only)
     return 0

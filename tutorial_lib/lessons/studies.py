@@ -4,6 +4,7 @@
     python -m tutorial_lib study NAME --small           # tiny sizes on this machine (CPU: gloo, 2 processes)
     python -m tutorial_lib study NAME --reference       # full sizes on a GPU node: notebooks/reference/*.json
     python -m tutorial_lib study NAME --reference --only CASE,...   # just those cases, merged into that record
+    python -m tutorial_lib study NAME --compare OLD.json   # a rerun: the committed record against an older one
 
 A study is a function `study(size, out) -> {reference name: figures}` in a lessons module, registered in
 STUDIES below. It measures with the workbook's own loop (engine.train / engine.launch, bench, scaling), writes
@@ -167,3 +168,52 @@ def _machine(size: Size) -> dict:
     if size.small or not gpus:
         card = f"{card} ({'small mode' if size.small else 'full sizes'})"
     return {"card": card, "gpus": gpus, "torch": torch.__version__}
+
+
+# ------------------------------------------------------------------------------------------ a rerun, compared
+def compare(old: dict, new: dict) -> list[dict]:
+    """Two records of one study, case by case: each case that ran in both, its img/s then and now with the band
+    its step times allow (tl.scaling.band), and whether they differ beyond that spread (tl.scaling.judge). A case
+    whose configuration changed between the records is named, not compared."""
+    from .scaling import band, judge  # lessons.scaling: the one noise rule
+
+    before, now, rows = _cases_of(old["figures"]), _cases_of(new["figures"]), []
+    for name in [n for n in now if n in before]:
+        a, b = (before[name].get("result") or {}), (now[name].get("result") or {})
+        if not (a.get("throughput_img_s") and b.get("throughput_img_s")):
+            continue
+        changed = sorted(k for k in set(before[name].get("config", {})) & set(now[name].get("config", {}))
+                         if k != "out_dir" and before[name]["config"][k] != now[name]["config"][k])
+        ba, bb = band(a), band(b)
+        verdict = ("another configuration (" + ", ".join(changed[:3]) + ")" if changed else
+                   {"≈": "within the run-to-run spread", "<": "faster now, beyond the spread",
+                    ">": "slower now, beyond the spread"}[judge(ba, bb)])
+        rows.append({"case": name, "before": a["throughput_img_s"], "before_band": ba, "now": b["throughput_img_s"],
+                     "now_band": bb, "ratio": b["throughput_img_s"] / a["throughput_img_s"], "verdict": verdict})
+    return rows
+
+
+def comparison_lines(old: dict, new: dict) -> list[str]:
+    """compare() as the lines `study NAME --compare` prints: where each record was made, a table, a summary."""
+    out = [f"before: {reference.where(old)}", f"now:    {reference.where(new)}"]
+    if (old.get("card"), old.get("gpus")) != (new.get("card"), new.get("gpus")):
+        out.append("another card or GPU count: not a rerun of the same node, so differences are not noise alone")
+    rows = compare(old, new)
+    out += ["| case | before img/s (band) | now img/s (band) | now / before | verdict |", "| --- | ---: | ---: | ---: | --- |"]
+    out += [f"| {r['case']} | {r['before']:,.0f} ({r['before_band'][0]:,.0f}-{r['before_band'][1]:,.0f}) | {r['now']:,.0f} "
+            f"({r['now_band'][0]:,.0f}-{r['now_band'][1]:,.0f}) | {r['ratio']:.3f} | {r['verdict']} |" for r in rows]
+    same = sum(r["verdict"] == "within the run-to-run spread" for r in rows)
+    out.append(f"{same} of {len(rows)} cases that ran in both records are within the run-to-run spread" if rows else
+               "no case ran in both records with a throughput: nothing to compare")
+    return out
+
+
+def committed(name: str, folder=None) -> dict:
+    """The committed reference record that study `name` writes (notebooks/reference/ by default)."""
+    script, folder = f"python -m tutorial_lib study {name}", Path(folder or reference.FOLDER)
+    found = [r for r in map(_record, sorted(folder.glob("*.json"))) if r and r["script"] == script
+             and _cases_of(r["figures"])]
+    if len(found) != 1:
+        raise UserError(f"study {name}: {len(found)} records of its cases in {folder}; --compare needs exactly one "
+                        f"(run `python -m tutorial_lib study {name} --reference` first)")
+    return found[0]
