@@ -4,6 +4,7 @@ tl.card, and every input that breaks the card's rules ending in one line that na
 import functools
 import json
 import os
+import re
 import subprocess
 import textwrap
 
@@ -146,7 +147,10 @@ def test_ddp_measured_beside_the_prediction(gpt_file, tmp_path):
     two_row = next(x for x in result.ddp["rows"] if x["gpus"] == 2)  # the prediction for the same count
     assert row.startswith(f"{m['efficiency']:.2f} on 2 CPU processes")
     assert row.endswith(f"; predicted {two_row['efficiency_exposed']:.2f}-{two_row['efficiency_hidden']:.2f}")
-    assert 0 < m["wall_s"] < result.wall_s and f", {m['wall_s']:.0f} s of it measuring DDP." in result.markdown()
+    seconds = {part: s for part, s in re.findall(r"(the rungs|measuring DDP) ([\d.]+) s", result.markdown())}
+    assert 0 < m["wall_s"] < result.wall_s and float(seconds["measuring DDP"]) == pytest.approx(m["wall_s"], abs=0.51)
+    rungs = sum(r.get("wall_s") or 0 for r in result.rows)  # where the seconds went, each part the card timed
+    assert 0 < rungs + m["wall_s"] < result.wall_s and float(seconds["the rungs"]) == pytest.approx(rungs, abs=0.51)
     # DDP in this one process (rank 0 of 1): the prediction adds the all-reduce to its step, not to the plain one
     alone = result.ddp["one_process"]
     ran = tl.load_result(out / "runs" / "ddp_one_process")
@@ -405,3 +409,16 @@ def test_ddp_in_one_process_says_why_when_it_is_not_measured(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     assert card_ddp.one_process(lambda cfg: pytest.fail("ran"), rec)["why"].startswith(
         "not measured: this process is already one rank")
+
+
+def test_the_card_says_where_its_seconds_went():
+    from types import SimpleNamespace
+
+    from tutorial_lib.lessons.card_report import Card
+
+    gpu = SimpleNamespace(rows=[{"wall_s": 100.4}, {"wall_s": None}, {"wall_s": 20.0}], memory={"search_s": 9.4},
+                          ddp={"measured": {"wall_s": 80.2}})
+    assert Card.phases(gpu) == ": the rungs 120 s, the largest-batch search 9.4 s, measuring DDP 80 s"
+    cpu = SimpleNamespace(rows=[{"wall_s": 2.0}], memory={"largest_batch": None}, ddp={"measured": None})
+    assert Card.phases(cpu) == ": the rungs 2.0 s"
+    assert Card.phases(SimpleNamespace(rows=[], memory={}, ddp={})) == ""

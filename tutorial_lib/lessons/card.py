@@ -356,11 +356,12 @@ def largest_batch(parts: ownmodel.Parts, cfg: TrainConfig, probe: dict, cap: int
         return {"largest_batch": None, "why": "n/a on a CPU: host memory swaps before a batch fails to fit; run "
                                               "the card on a GPU for it"}
     eager = cfg.replace(compile=False, cuda_graph=False, steps=1, timing_warmup=0, out_dir=f"{cfg.out_dir}_memory")
+    t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()), engine.prepared_run(eager, parts.make_run) as run:
         x, y = next(run.batches())
         good, bad = search_batch(lambda k: _peak(run, x, y, k), b, max(cap, b), _budget(run.device))
     limit = f"{bad:,} did not fit" if bad else f"the search stops at {max(cap, b):,}"
-    return {"largest_batch": good, "why": f"eager step at {cfg.precision}; {limit}"}
+    return {"largest_batch": good, "why": f"eager step at {cfg.precision}; {limit}", "search_s": time.perf_counter() - t0}
 
 
 def _budget(device) -> float | None:

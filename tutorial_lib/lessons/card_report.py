@@ -95,11 +95,19 @@ class Card:
     def markdown(self) -> str:
         head = f"## Card: {self.name} on {self.device} (torch {self.torch_version})"
         rows = ["| | |", "|---|---|"] + [f"| {k} | {str(v).replace('|', '/')} |" for k, v in self.summary_rows()]
-        ddp_s = (self.ddp.get("measured") or {}).get("wall_s")
         note = (f"Each rung is one change on top of the last rung that ran; a difference smaller than the spread of "
                 f"the step times is within noise (at least ±{100 * noise.FLOOR:.0f}%). Measured in {self.wall_s:.0f} s"
-                + (f", {ddp_s:.0f} s of it measuring DDP." if ddp_s else "."))
+                + self.phases() + ".")
         return "\n".join([head, "", *rows, "", self.rung_table(), "", note])
+
+    def phases(self) -> str:
+        """Where the card's seconds went: ': the rungs 120 s, the largest-batch search 9.4 s, measuring DDP 80 s'
+        (each part the card timed; '' when it timed none)."""
+        parts = [("the rungs", sum(r.get("wall_s") or 0 for r in self.rows) or None),
+                 ("the largest-batch search", self.memory.get("search_s")),
+                 ("measuring DDP", (self.ddp.get("measured") or {}).get("wall_s"))]
+        said = [f"{what} {s:.0f} s" if s >= 10 else f"{what} {s:.1f} s" for what, s in parts if s]
+        return (": " + ", ".join(said)) if said else ""
 
     def __repr__(self) -> str:
         return self.markdown()
