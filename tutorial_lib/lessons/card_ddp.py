@@ -43,7 +43,7 @@ def gpus_to_measure(value) -> tuple[int, str | None]:
         raise UserError(f"ddp_gpus={value!r} must be auto, 0 (do not measure) or a number of processes of 2 or more")
     n = int(text)
     if n == 0:
-        return 0, "not measured (ddp_gpus=0)"
+        return 0, "not measured (ddp_gpus=0; without it the card measures DDP on 2 or 4 GPUs where the node has them)"
     if visible and n > visible:
         raise UserError(f"ddp_gpus={n}: this node has {visible} GPUs; give ddp_gpus={visible} or fewer, or auto")
     return n, None
