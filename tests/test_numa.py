@@ -89,6 +89,38 @@ def test_exec_bound_pins_a_rank_to_its_gpus_cpus_then_runs_the_command(tmp_path)
     assert "CPU binding: rank 1: GPU 1, CPUs 1 (NUMA node 1)" in p.stderr
 
 
+def test_exclusive_gives_each_rank_its_own_share_of_its_numa_nodes_cpus():
+    """One NUMA node for four GPUs (every lent 4-GPU node so far): binding to the node changes nothing, so each
+    rank gets a contiguous quarter; on two nodes the GPUs of one node split that node's CPUs only."""
+    cpus = numa.cpu_list("0-63")
+    parts = [numa.share(cpus, [0, 1, 2, 3], g) for g in range(4)]
+    assert [numa._ranges(p) for p in parts] == ["0-15", "16-31", "32-47", "48-63"]
+    assert frozenset().union(*parts) == cpus and sum(map(len, parts)) == 64  # disjoint, nothing left out
+    assert numa._ranges(numa.share(numa.cpu_list("0-9"), [0, 1, 2], 2)) == "6-9"  # as even as 10 / 3 allows
+    assert numa.share(NODE1, [2, 3], 3) == frozenset(sorted(NODE1)[48:])  # the fixture's node 1: GPUs 2 and 3
+    assert numa.share(cpus, [], 1) == cpus  # a rank alone on its node keeps all of it
+
+
+def test_exec_bound_exclusive_pins_each_local_rank_to_its_share(tmp_path):
+    import subprocess
+
+    topo = tmp_path / "topo.txt"
+    topo.write_text("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tNV18\t0-1\t0\nGPU1\tNV18\t X \t0-1\t0\n")
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!{sys.executable}\nprint(open({str(topo)!r}).read())\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "LOCAL_RANK": "1", "RANK": "1",
+           "LOCAL_WORLD_SIZE": "2"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    run = [sys.executable, "-m", "tutorial_lib.numa", "--exec-bound", "--exclusive", sys.executable, "-c",
+           "import os; print(sorted(os.sched_getaffinity(0)))"]
+    p = subprocess.run(run, capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert p.returncode == 0 and p.stdout == "[1]\n", p.stderr  # rank 1 of 2 on one node of CPUs 0-1: CPU 1
+    assert "CPU binding: rank 1: GPU 1, CPUs 1 (NUMA node 0, its share)" in p.stderr
+    p = subprocess.run(run[:5], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert p.returncode == 2 and "--exec-bound [--exclusive] COMMAND" in p.stderr  # no command: the usage
+
+
 def test_places_prints_each_gpus_numa_node_and_cpus_as_json(monkeypatch, capsys):
     """`python -m tutorial_lib.numa --places`: what the study `cluster` records of the node."""
     import json

@@ -191,6 +191,9 @@ def test_the_cluster_study_checks_energy_a_hang_and_the_binding(tmp_path, one_th
     page = "\n".join(perfdoc.cluster_section(gpu))
     assert "33,307 J over the timed window (48.5 s)" in page and "ratio 0.9988 (within 5%)" in page
     assert "DDP on 4 GPUs" in page and "1.10x (unbound_1 100" in page
+    assert "bound (each rank on its GPU's NUMA node) against unbound" in page  # a record made before the mode
+    gpu["figures"]["numa"]["mode"] = "each rank on its own share of the cores"
+    assert "bound (each rank on its own share of the cores) against unbound" in "\n".join(perfdoc.cluster_section(gpu))
     assert f"dist_timeout_s=3{perfdoc.NCCL_WAIT}; rank 1" in page
 
 
@@ -236,3 +239,36 @@ def test_compare_reads_the_committed_record_and_refuses_another_studys(tmp_path,
     assert "not of 'python -m tutorial_lib study scaling'" in capsys.readouterr().err
     assert main(["study", "scaling", "--compare", str(tmp_path / "none.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("nodes, exclusive", [((0, 0, 0, 0), True), ((0, 0, 1, 1), False)])
+def test_the_binding_check_measures_on_any_multi_gpu_node(tmp_path, monkeypatch, nodes, exclusive):
+    """On one NUMA node (every lent 4-GPU node so far) binding to it changes nothing, so the bound runs give each
+    rank its share of the cores (--exclusive); on two, each rank its GPU's node. Alternated twice; the ratio is
+    the bound runs' img/s over the unbound ones'. The torchrun runs are stood in for here (a GPU node runs them)."""
+    from types import SimpleNamespace
+
+    from tutorial_lib.config import TrainConfig
+    from tutorial_lib.lessons import cluster
+
+    places = [{"gpu": g, "numa_node": n, "cpus": f"{16 * g}-{16 * g + 15}"} for g, n in enumerate(nodes)]
+    launched = []
+
+    def fake_run(words, **kw):
+        if "--places" in words:
+            return SimpleNamespace(stdout=json.dumps(places))
+        launched.append(words)
+        out_dir = next(w.split("=", 1)[1] for w in words if w.startswith("out_dir="))
+        bound = "--exec-bound" in words
+        Path(out_dir).mkdir(parents=True)
+        (Path(out_dir) / "result.json").write_text(json.dumps({"throughput_img_s": 110.0 if bound else 100.0}))
+        return SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(cluster.subprocess, "run", fake_run)
+    n = cluster.numa_check(TrainConfig(device="cpu"), size.Size(False, "test"), tmp_path, [0, 1, 2, 3])
+    assert list(n["img_s"]) == ["unbound_1", "bound_1", "unbound_2", "bound_2"]
+    assert n["bound_over_unbound"] == pytest.approx(1.1) and n["run"]["gpus"] == 4
+    assert [("--exclusive" in w) for w in launched] == [False, exclusive, False, exclusive]
+    assert n["mode"].startswith("each rank on its own share" if exclusive else "each rank on its GPU's NUMA node")
+    assert cluster.numa_check(TrainConfig(device="cpu"), size.Size(False, "test"), tmp_path, [0])["why"] == \
+        "one GPU: DDP needs two"

@@ -150,19 +150,34 @@ def check_numa(ctx):
     return Check("numa", *verdict(places, mine, my_gpu()))
 
 
-def bind_to_gpu(environ=os.environ, timeout: float = 30) -> str:
+def bind_to_gpu(environ=os.environ, timeout: float = 30, exclusive: bool = False) -> str:
     """Pin this process to the CPUs near its GPU (its LOCAL_RANK's, as my_gpu finds it), among those it may use: a
-    binding by hand that needs no numactl (`python -m tutorial_lib.numa --exec-bound CMD ...`, which then runs CMD,
-    bound: the affinity passes on). One line saying what it did."""
-    gpu = my_gpu(environ)
-    place = next((p for p in gpu_places(timeout) if p.gpu == gpu), None)
+    binding by hand that needs no numactl (`python -m tutorial_lib.numa --exec-bound [--exclusive] CMD ...`, which
+    then runs CMD, bound: the affinity passes on). `exclusive`: only this rank's share of those CPUs (share), as
+    torchrun's --numa-binding=exclusive gives each rank. One line saying what it did."""
+    gpu, places = my_gpu(environ), gpu_places(timeout)
+    place = next((p for p in places if p.gpu == gpu), None)
     if place is None or not place.cpus:
         return f"off: GPU {gpu} is not in this node's topology (nvidia-smi topo -m)"
     cpus = place.cpus & frozenset(os.sched_getaffinity(0))
+    if exclusive:
+        ranks = int(environ.get("LOCAL_WORLD_SIZE") or 1)
+        used = [my_gpu({**environ, "LOCAL_RANK": str(i)}) for i in range(ranks)]
+        cpus = share(cpus, [g for g in used if any(p.gpu == g and p.numa_node == place.numa_node for p in places)], gpu)
     if not cpus:
         return f"off: none of this process's CPUs is near GPU {gpu} (NUMA node {place.numa_node})"
     os.sched_setaffinity(0, cpus)
-    return f"rank {environ.get('RANK', '?')}: GPU {gpu}, CPUs {_ranges(cpus)} (NUMA node {place.numa_node})"
+    return (f"rank {environ.get('RANK', '?')}: GPU {gpu}, CPUs {_ranges(cpus)} (NUMA node {place.numa_node}"
+            + (", its share)" if exclusive else ")"))
+
+
+def share(cpus: frozenset, gpus: list, gpu: int) -> frozenset:
+    """The part of `cpus` (those of one NUMA node) that is `gpu`'s when the ranks of `gpus` (all on that node)
+    divide them: contiguous runs in CPU order, as even as the count allows, in the order of the GPUs' indices."""
+    peers = sorted(set(gpus) | {gpu})
+    ordered, n = sorted(cpus), len(peers)
+    k = peers.index(gpu)
+    return frozenset(ordered[len(ordered) * k // n:len(ordered) * (k + 1) // n])
 
 
 def _ranges(cpus) -> str:
@@ -206,23 +221,28 @@ def torchrun_binding(mode: str) -> tuple[str | None, str]:
 
 
 USAGE = ("usage: python -m tutorial_lib.numa --torchrun-flag node|socket|exclusive|core-complex\n"
-         "       python -m tutorial_lib.numa --exec-bound COMMAND [ARG ...]\n"
+         "       python -m tutorial_lib.numa --exec-bound [--exclusive] COMMAND [ARG ...]\n"
          "       python -m tutorial_lib.numa --places")
 
 
 def main(argv: list[str]) -> int:
     """`python -m tutorial_lib.numa --torchrun-flag MODE` (a job's line): the flag on stdout and exit 0, or exit 1;
     either way one line on stderr for the log, saying what was decided and why. `--places`: gpu_places as JSON.
-    `--exec-bound COMMAND ...`: this process bound to its GPU's CPUs (bind_to_gpu), then COMMAND in its place
-    (torchrun --no-python starts it)."""
+    `--exec-bound [--exclusive] COMMAND ...`: this process bound to its GPU's CPUs (bind_to_gpu; --exclusive: its
+    rank's share of them), then COMMAND in its place (torchrun --no-python starts it)."""
     if argv == ["--places"]:  # each GPU's NUMA node and nearby CPUs, as JSON (the study `cluster` records them)
         import json
 
         print(json.dumps([{"gpu": p.gpu, "numa_node": p.numa_node, "cpus": _ranges(p.cpus)} for p in gpu_places(30)]))
         return 0
     if len(argv) >= 2 and argv[0] == "--exec-bound":
-        print(f"CPU binding: {bind_to_gpu()}", file=sys.stderr, flush=True)
-        os.execvp(argv[1], argv[1:])
+        exclusive = argv[1] == "--exclusive"
+        command = argv[2:] if exclusive else argv[1:]
+        if not command:
+            print(USAGE, file=sys.stderr)
+            return 2
+        print(f"CPU binding: {bind_to_gpu(exclusive=exclusive)}", file=sys.stderr, flush=True)
+        os.execvp(command[0], command)
     if len(argv) != 2 or argv[0] != "--torchrun-flag" or argv[1] not in ("node", "socket", "exclusive", "core-complex"):
         print(USAGE, file=sys.stderr)
         return 2

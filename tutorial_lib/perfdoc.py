@@ -228,9 +228,11 @@ def cluster_section(rec: dict | None) -> list[str]:
     out.append("- **Hang drill**: " + (h["why"] if h.get("why") else
                f"{h['backend']}, rank 1 frozen: the run ended {g(h, 'after_freeze_s', '.0f')} s after the freeze with "
                f"dist_timeout_s={h['dist_timeout_s']}{NCCL_WAIT if h['backend'] == 'nccl' else ''}; {h['verdict']}."))
+    mode = n.get("mode", "each rank on its GPU's NUMA node")
     out.append("- **CPU binding**: " + (n["why"] if n.get("why") else
-               f"DDP on {n['run']['gpus']} GPUs with DataLoader workers, bound to each rank's NUMA node against "
-               f"unbound (alternated twice): {n['bound_over_unbound']:.2f}x ("
+               f"DDP on {n['run']['gpus']} GPUs with DataLoader workers, bound ({mode}) against unbound (alternated "
+               "twice): "
+               f"{n['bound_over_unbound']:.2f}x ("
                + ", ".join(f"{k} {v:,.0f}" for k, v in n["img_s"].items()) + " img/s)."))
     return out
 

@@ -1,6 +1,6 @@
 """What a cluster user asks after the first multi-GPU job, checked on a GPU node as one study:
 
-    python -m tutorial_lib study cluster --reference   # a node with 2 or more GPUs: about 4 minutes
+    python -m tutorial_lib study cluster --reference   # a node with 2 or more GPUs: about 6 minutes
     python -m tutorial_lib study cluster --small       # the same code on a CPU (gloo, no energy counter)
 
 Three checks, each a record in the reference `06_cluster_checks` (the card named), shown in docs/performance.md:
@@ -9,10 +9,11 @@ Three checks, each a record in the reference `06_cluster_checks` (the card named
           integral of those samples over the same window (tl.energy.against_monitor: they should agree within 5%);
   hang:   notebook 05's drill on 2 GPUs with NCCL (tl.hang.drill: rank 1 freezes): the seconds from the freeze
           to the end of the run against dist_timeout_s, and the rank and collective the diagnosis names;
-  numa:   each GPU's NUMA node and nearby CPUs (tl.numa, as the doctor reads them); on a node whose GPUs sit on
-          two or more NUMA nodes, DDP on every GPU with DataLoader workers, unbound and bound to each rank's
-          NUMA node (`python -m tutorial_lib.numa --exec-bound`), alternated twice; on one NUMA node, why there
-          is nothing to bind.
+  numa:   each GPU's NUMA node and nearby CPUs (tl.numa, as the doctor reads them); on a node with 2 or more
+          GPUs, DDP on every GPU with DataLoader workers, unbound and bound (`python -m tutorial_lib.numa
+          --exec-bound`), alternated twice: bound to each rank's NUMA node where the GPUs sit on two or more;
+          where they share one, binding to it changes nothing, so each rank gets its own share of its cores
+          (`--exec-bound --exclusive`, as torchrun's --numa-binding=exclusive).
 A check that can't run here (no nvidia-smi, one GPU) records why instead of a figure.
 """
 from __future__ import annotations
@@ -106,22 +107,24 @@ def numa_check(base: TrainConfig, size, out: Path, gpus: list[int]) -> dict:
     places = [p for p in json.loads(said) if not gpus or p["gpu"] in gpus]
     where = {p["gpu"]: {"numa_node": p["numa_node"], "cpus": p["cpus"]} for p in places}
     nodes = {p["numa_node"] for p in places if p["numa_node"] is not None}
-    if len(gpus) < 2 or len(nodes) < 2:
+    if len(gpus) < 2:
         why = (f"no GPU here ({'no nvidia-smi' if not shutil.which('nvidia-smi') else 'none visible'})" if not gpus
-               else f"every GPU sits on NUMA node {sorted(nodes) or ['(not reported)']}: binding a rank to its "
-                    "GPU's NUMA node leaves it where it is, so bound and unbound are the same run here"
-               if len(nodes) < 2 else "one GPU: DDP needs two")
+               else "one GPU: DDP needs two")
         return {"gpus": where, "why": why}
+    exclusive = len(nodes) < 2  # one NUMA node: its share of the node's cores for each rank
+    mode = (f"each rank on its own share of the cores (every GPU sits on NUMA node {sorted(nodes) or ['?']}: "
+            "binding to the node would change nothing)" if exclusive else "each rank on its GPU's NUMA node")
     runs = {}
     for i in (1, 2):  # alternated: a drift of the node shows as a spread, not as a binding effect
         for bound in (False, True):
             name = f"{'bound' if bound else 'unbound'}_{i}"
             cfg = base.replace(**NUMA_RUN, parallel="ddp", out_dir=str(out / "numa" / name))
-            binder = (sys.executable, "-m", "tutorial_lib.numa", "--exec-bound") if bound else ()
+            binder = ((sys.executable, "-m", "tutorial_lib.numa", "--exec-bound") + (("--exclusive",) if exclusive
+                                                                                     else ())) if bound else ()
             words = torchrun_command(cfg, len(gpus), wrapper=binder)  # the binder runs the CLI in its place
             subprocess.run(words, check=True, stdout=subprocess.DEVNULL, timeout=180)
             runs[name] = json.loads((Path(cfg.out_dir) / "result.json").read_text())["throughput_img_s"]
     unbound = [v for k, v in runs.items() if k.startswith("unbound")]
     bound = [v for k, v in runs.items() if k.startswith("bound")]
-    return {"gpus": where, "img_s": runs, "bound_over_unbound": sum(bound) / sum(unbound),
+    return {"gpus": where, "img_s": runs, "bound_over_unbound": sum(bound) / sum(unbound), "mode": mode,
             "run": {**NUMA_RUN, "gpus": len(gpus)}}
