@@ -236,7 +236,7 @@ def test_compare_reads_the_committed_record_and_refuses_another_studys(tmp_path,
     assert not out.splitlines()[-1].startswith("0 of")  # a record against itself: every case within
     old.write_text(json.dumps({**reference.load("06_scaling"), "script": "python -m tutorial_lib study dpddp"}))
     assert main(["study", "scaling", "--compare", str(old)]) == 2
-    assert "not of 'python -m tutorial_lib study scaling'" in capsys.readouterr().err
+    assert "not of study scaling (python -m tutorial_lib study scaling or scripts/gpu/scaling.sh)" in capsys.readouterr().err
     assert main(["study", "scaling", "--compare", str(tmp_path / "none.json")]) == 2
     assert "no such file" in capsys.readouterr().err
 
@@ -272,3 +272,32 @@ def test_the_binding_check_measures_on_any_multi_gpu_node(tmp_path, monkeypatch,
     assert n["mode"].startswith("each rank on its own share" if exclusive else "each rank on its GPU's NUMA node")
     assert cluster.numa_check(TrainConfig(device="cpu"), size.Size(False, "test"), tmp_path, [0])["why"] == \
         "one GPU: DDP needs two"
+
+
+def test_a_rerun_of_a_ladder_or_of_flat_figures_is_compared_too(tmp_path):
+    rung = {"rung": "fp32", "img_s": 1000.0, "step_ms": 10.0, "step_ms_p10": 9.0, "step_ms_p90": 11.0, "skipped": None}
+    old = {**_study_record({}), "figures": {"rows": [rung, {"rung": "tf32", "skipped": "no GPU"}]}}
+    new = {**_study_record({}), "figures": {"rows": [{**rung, "img_s": 1150.0}]}}
+    (row,) = studies.compare(old, new)
+    assert row["case"] == "rung fp32" and row["before_band"] == pytest.approx((1000 * 10 / 11, 1000 * 10 / 9))
+    assert row["verdict"] == "within the run-to-run spread"  # 1,150 inside 909-1,111 widened by the new band
+    flat_old = {**_study_record({}), "figures": {"device": "x", "ddp_img_s": 1000.0, "step_ms": 5.0}}
+    flat_new = {**_study_record({}), "figures": {"device": "x", "ddp_img_s": 1200.0, "step_ms": 9.0}}
+    (row,) = studies.compare(flat_old, flat_new)  # throughputs only, each within the noise floor of +-5%
+    assert row["case"] == "ddp_img_s" and row["verdict"] == "faster now, beyond the spread"
+
+
+def test_the_rerun_is_compared_with_the_one_record_it_replaced(tmp_path):
+    rec = {**_study_record({"a": _run(1000.0)}), "script": "scripts/gpu/ladder.sh"}
+    for name, card in (("04_ladder", "NVIDIA H100 80GB HBM3"), ("04_ladder_h100", "NVIDIA H100 80GB HBM3"),
+                       ("04_ladder_h200", "NVIDIA H200")):
+        reference.write(name, rec["figures"], script=rec["script"], card=card, gpus=4, folder=tmp_path)
+    h100 = {**rec, "card": "NVIDIA H100 80GB HBM3"}
+    assert studies.counterpart(h100, tmp_path)["card"] == "NVIDIA H100 80GB HBM3"  # a copy under two names is one
+    assert studies.counterpart(rec, tmp_path)["card"] == "NVIDIA H200"
+    reference.write("04_ladder_h100", {"runs": {"a": _run(900.0)}}, script=rec["script"],
+                    card="NVIDIA H100 80GB HBM3", gpus=4, folder=tmp_path)
+    with pytest.raises(UserError, match="2 records .* on 4x NVIDIA H100 80GB HBM3; the rerun's record must replace"):
+        studies.counterpart(h100, tmp_path)
+    with pytest.raises(UserError, match="0 records"):
+        studies.counterpart({**rec, "gpus": 2}, tmp_path)

@@ -182,10 +182,12 @@ def study(argv: list[str]) -> int:
         if not old.is_file():
             raise UserError(f"--compare {args.compare}: no such file; give an older record of study {args.name}, "
                             f"e.g. git show HEAD~1:notebooks/reference/<name>.json > old.json")
-        record, script = json.loads(old.read_text()), f"python -m tutorial_lib study {args.name}"
-        if record.get("script") != script:
-            raise UserError(f"--compare {args.compare}: a record of {record.get('script')!r}, not of {script!r}")
-        print("\n".join(studies.comparison_lines(record, studies.committed(args.name))))
+        record = json.loads(old.read_text())
+        ours = (f"python -m tutorial_lib study {args.name}", f"scripts/gpu/{args.name}.sh")
+        if record.get("script") not in ours:
+            raise UserError(f"--compare {args.compare}: a record of {record.get('script')!r}, not of study "
+                            f"{args.name} ({' or '.join(ours)})")
+        print("\n".join(studies.comparison_lines(record, studies.counterpart(record))))
         return 0
     studies.run(args.name, size.current(args.small), args.out or f"runs/study_{args.name}", args.reference,
                 args.only)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,25 +172,44 @@ def _machine(size: Size) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ a rerun, compared
-def compare(old: dict, new: dict) -> list[dict]:
-    """Two records of one study, case by case: each case that ran in both, its img/s then and now with the band
-    its step times allow (tl.scaling.band), and whether they differ beyond that spread (tl.scaling.judge). A case
-    whose configuration changed between the records is named, not compared."""
-    from .scaling import band, judge  # lessons.scaling: the one noise rule
+def entries(record: dict) -> dict[str, tuple]:
+    """A record's throughputs, each as (img/s, the band its step times allow, its configuration or None): the
+    cases of a study that keeps them (runs / cases), the rungs of a ladder (rows), else its figures named *img_s
+    (a band of the noise floor, no step times)."""
+    from .scaling import band  # lessons.scaling: the one noise rule
 
-    before, now, rows = _cases_of(old["figures"]), _cases_of(new["figures"]), []
+    figures, out = record["figures"], {}
+    for name, rec in _cases_of(figures).items():
+        r = rec.get("result") or {}
+        if r.get("throughput_img_s") and r.get("step_time_ms"):
+            out[name] = (r["throughput_img_s"], band(r), rec.get("config"))
+    for row in figures.get("rows") or []:
+        if row.get("img_s") and not row.get("skipped"):
+            steps = {"median": row.get("step_ms"), "p10": row.get("step_ms_p10"), "p90": row.get("step_ms_p90")}
+            out[f"rung {row['rung']}"] = (row["img_s"], band({"throughput_img_s": row["img_s"], "step_time_ms": steps}),
+                                          None)
+    if not out:
+        for key, value in figures.items():
+            if key.endswith("img_s") and isinstance(value, (int, float)) and value > 0:
+                out[key] = (value, band({"throughput_img_s": value, "step_time_ms": {}}), None)
+    return out
+
+
+def compare(old: dict, new: dict) -> list[dict]:
+    """Two records of one study on one kind of node, entry by entry (entries): each in both, its img/s then and
+    now with its band, and whether they differ beyond those bands (tl.scaling.judge). An entry whose
+    configuration changed between the records is named, not compared."""
+    from .scaling import judge
+
+    before, now, rows = entries(old), entries(new), []
     for name in [n for n in now if n in before]:
-        a, b = (before[name].get("result") or {}), (now[name].get("result") or {})
-        if not (a.get("throughput_img_s") and b.get("throughput_img_s")):
-            continue
-        changed = sorted(k for k in set(before[name].get("config", {})) & set(now[name].get("config", {}))
-                         if k != "out_dir" and before[name]["config"][k] != now[name]["config"][k])
-        ba, bb = band(a), band(b)
+        (a, ba, ca), (b, bb, cb) = before[name], now[name]
+        changed = sorted(k for k in set(ca or {}) & set(cb or {}) if k != "out_dir" and ca[k] != cb[k])
         verdict = ("another configuration (" + ", ".join(changed[:3]) + ")" if changed else
                    {"≈": "within the run-to-run spread", "<": "faster now, beyond the spread",
                     ">": "slower now, beyond the spread"}[judge(ba, bb)])
-        rows.append({"case": name, "before": a["throughput_img_s"], "before_band": ba, "now": b["throughput_img_s"],
-                     "now_band": bb, "ratio": b["throughput_img_s"] / a["throughput_img_s"], "verdict": verdict})
+        rows.append({"case": name, "before": a, "before_band": ba, "now": b, "now_band": bb, "ratio": b / a,
+                     "verdict": verdict})
     return rows
 
 
@@ -208,12 +228,15 @@ def comparison_lines(old: dict, new: dict) -> list[str]:
     return out
 
 
-def committed(name: str, folder=None) -> dict:
-    """The committed reference record that study `name` writes (notebooks/reference/ by default)."""
-    script, folder = f"python -m tutorial_lib study {name}", Path(folder or reference.FOLDER)
-    found = [r for r in map(_record, sorted(folder.glob("*.json"))) if r and r["script"] == script
-             and _cases_of(r["figures"])]
-    if len(found) != 1:
-        raise UserError(f"study {name}: {len(found)} records of its cases in {folder}; --compare needs exactly one "
-                        f"(run `python -m tutorial_lib study {name} --reference` first)")
-    return found[0]
+def counterpart(old: dict, folder=None) -> dict:
+    """The committed record (notebooks/reference/ by default) that a rerun of `old` replaced: the same script, on
+    the same card with as many GPUs."""
+    folder = Path(folder or reference.FOLDER)
+    same = [r for r in map(_record, sorted(folder.glob("*.json"))) if r and r["script"] == old.get("script")
+            and (r.get("card"), r.get("gpus", 1)) == (old.get("card"), old.get("gpus", 1))]
+    distinct = {json.dumps(r["figures"], sort_keys=True): r for r in same}  # a copy under a second name is one
+    if len(distinct) == 1:
+        return next(iter(distinct.values()))
+    raise UserError(f"--compare: {len(distinct)} records in {folder} come from {old.get('script')!r} on "
+                    f"{old.get('gpus', 1)}x {old.get('card')}; the rerun's record must replace exactly one "
+                    "(rerun the study with --reference on the same kind of node first)")
