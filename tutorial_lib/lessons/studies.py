@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .. import reference
 from ..config import UserError
+from .scaling import band, judge  # the one noise rule
 from .size import Size
 
 
@@ -176,8 +177,6 @@ def entries(record: dict) -> dict[str, tuple]:
     """A record's throughputs, each as (img/s, the band its step times allow, its configuration or None): the
     cases of a study that keeps them (runs / cases), the rungs of a ladder (rows), else its figures named *img_s
     (a band of the noise floor, no step times)."""
-    from .scaling import band  # lessons.scaling: the one noise rule
-
     figures, out = record["figures"], {}
     for name, rec in _cases_of(figures).items():
         r = rec.get("result") or {}
@@ -199,8 +198,6 @@ def compare(old: dict, new: dict) -> list[dict]:
     """Two records of one study on one kind of node, entry by entry (entries): each in both, its img/s then and
     now with its band, and whether they differ beyond those bands (tl.scaling.judge). An entry whose
     configuration changed between the records is named, not compared."""
-    from .scaling import judge
-
     before, now, rows = entries(old), entries(new), []
     for name in [n for n in now if n in before]:
         (a, ba, ca), (b, bb, cb) = before[name], now[name]
