@@ -2,6 +2,7 @@
 -m` (a fixture from a 4-GPU, 2-socket node) or /sys, this process's CPUs against its GPU's, and a warning when
 they are far apart or unbound."""
 import os
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -70,21 +71,36 @@ def test_the_doctor_reports_the_numa_line_from_nvidia_smi(tmp_path, monkeypatch)
     assert numa.check_numa in doctor.CHECKS
 
 
-@pytest.mark.skipif(not {0, 1} <= set(os.sched_getaffinity(0)), reason="needs CPUs 0 and 1 to bind between")
-def test_exec_bound_pins_a_rank_to_its_gpus_cpus_then_runs_the_command(tmp_path):
-    """The binding by hand (no numactl): GPU 1 sits on NUMA node 1 with CPU 1, so rank LOCAL_RANK=1 runs on CPU 1."""
-    import subprocess
+BOTH_CPUS = pytest.mark.skipif(not {0, 1} <= set(os.sched_getaffinity(0)), reason="needs CPUs 0 and 1 to bind between")
+TWO_NODES = "GPU0\t X \tSYS\t0\t0\nGPU1\tSYS\t X \t1\t1\n"  # GPU 0 near CPU 0 (node 0), GPU 1 near CPU 1
+PRINT_AFFINITY = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
 
+
+def fake_nvidia_smi(tmp_path, topo_rows: str) -> dict:
+    """This environment with an nvidia-smi first on PATH that prints a two-GPU `topo -m` of the rows given (each
+    GPU's line after the header), and no CUDA_VISIBLE_DEVICES."""
     topo = tmp_path / "topo.txt"
-    topo.write_text("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tSYS\t0\t0\nGPU1\tSYS\t X \t1\t1\n")
+    topo.write_text("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n" + topo_rows)
     fake = tmp_path / "nvidia-smi"
     fake.write_text(f"#!{sys.executable}\nprint(open({str(topo)!r}).read())\n")
     fake.chmod(0o755)
-    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "LOCAL_RANK": "1", "RANK": "1"}
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    p = subprocess.run([sys.executable, "-m", "tutorial_lib.numa", "--exec-bound", sys.executable, "-c",
-                        "import os; print(sorted(os.sched_getaffinity(0)))"], capture_output=True, text=True,
-                       env=env, cwd=ROOT, timeout=60)
+    return env
+
+
+def exec_bound(tmp_path, topo_rows: str, flags=(), **environ):
+    """`python -m tutorial_lib.numa --exec-bound [flags] python -c <print its CPUs>` under fake_nvidia_smi, as local
+    rank 1 of the environ given."""
+    env = {**fake_nvidia_smi(tmp_path, topo_rows), "LOCAL_RANK": "1", "RANK": "1", **environ}
+    return subprocess.run([sys.executable, "-m", "tutorial_lib.numa", "--exec-bound", *flags, *PRINT_AFFINITY],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+
+
+@BOTH_CPUS
+def test_exec_bound_pins_a_rank_to_its_gpus_cpus_then_runs_the_command(tmp_path):
+    """The binding by hand (no numactl): GPU 1 sits on NUMA node 1 with CPU 1, so rank LOCAL_RANK=1 runs on CPU 1."""
+    p = exec_bound(tmp_path, TWO_NODES)
     assert p.returncode == 0 and p.stdout == "[1]\n", p.stderr
     assert "CPU binding: rank 1: GPU 1, CPUs 1 (NUMA node 1)" in p.stderr
 
@@ -101,23 +117,14 @@ def test_exclusive_gives_each_rank_its_own_share_of_its_numa_nodes_cpus():
     assert numa.share(cpus, [], 1) == cpus  # a rank alone on its node keeps all of it
 
 
+@BOTH_CPUS
 def test_exec_bound_exclusive_pins_each_local_rank_to_its_share(tmp_path):
-    import subprocess
-
-    topo = tmp_path / "topo.txt"
-    topo.write_text("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tNV18\t0-1\t0\nGPU1\tNV18\t X \t0-1\t0\n")
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text(f"#!{sys.executable}\nprint(open({str(topo)!r}).read())\n")
-    fake.chmod(0o755)
-    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "LOCAL_RANK": "1", "RANK": "1",
-           "LOCAL_WORLD_SIZE": "2"}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    run = [sys.executable, "-m", "tutorial_lib.numa", "--exec-bound", "--exclusive", sys.executable, "-c",
-           "import os; print(sorted(os.sched_getaffinity(0)))"]
-    p = subprocess.run(run, capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    both = "GPU0\t X \tNV18\t0-1\t0\nGPU1\tNV18\t X \t0-1\t0\n"  # one NUMA node, CPUs 0-1, for both GPUs
+    p = exec_bound(tmp_path, both, ["--exclusive"], LOCAL_WORLD_SIZE="2")
     assert p.returncode == 0 and p.stdout == "[1]\n", p.stderr  # rank 1 of 2 on one node of CPUs 0-1: CPU 1
     assert "CPU binding: rank 1: GPU 1, CPUs 1 (NUMA node 0, its share)" in p.stderr
-    p = subprocess.run(run[:5], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    p = subprocess.run([sys.executable, "-m", "tutorial_lib.numa", "--exec-bound", "--exclusive"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=60)
     assert p.returncode == 2 and "--exec-bound [--exclusive] COMMAND" in p.stderr  # no command: the usage
 
 
@@ -136,18 +143,11 @@ def test_torchrun_command_runs_each_rank_through_the_binder(tmp_path):
     """The study `cluster`'s bound DDP run: launcher.torchrun_command(wrapper=...) puts numa's --exec-bound between
     torchrun and the CLI, so each rank (LOCAL_RANK from torchrun) is bound to its GPU's NUMA node and then trains."""
     import json
-    import subprocess
 
     from conftest import tiny
     from tutorial_lib.launcher import torchrun_command
 
-    topo = tmp_path / "topo.txt"  # two GPUs on two NUMA nodes: GPU 0 near CPU 0, GPU 1 near CPU 1
-    topo.write_text("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tSYS\t0\t0\nGPU1\tSYS\t X \t1\t1\n")
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text(f"#!{sys.executable}\nprint(open({str(topo)!r}).read())\n")
-    fake.chmod(0o755)
-    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env = {**fake_nvidia_smi(tmp_path, TWO_NODES), "OMP_NUM_THREADS": "1"}
     cfg = tiny(tmp_path / "run", parallel="ddp", steps=4)
     words = torchrun_command(cfg, 2, wrapper=(sys.executable, "-m", "tutorial_lib.numa", "--exec-bound"))
     assert words[5:8] == ["--no-python", sys.executable, "-m"] and words[8:10] == ["tutorial_lib.numa", "--exec-bound"]

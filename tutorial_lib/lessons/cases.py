@@ -116,6 +116,7 @@ class Runner:
         if self.gpus_here and case.gpus > self.gpus_here:
             return self._keep(rec, f"skipped: needs {case.gpus} GPUs, this node has {self.gpus_here}")
         if self.left() < case.estimate_s:
+            rec["over_budget"] = True  # another call runs it: --only (studies.run names them)
             return self._keep(rec, f"skipped: {self.left():.0f} s of the study's budget left, the case needs "
                                    f"about {case.estimate_s:.0f} s")
         shutil.rmtree(case.cfg.out_dir, ignore_errors=True)

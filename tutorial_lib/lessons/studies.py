@@ -121,7 +121,7 @@ def over_budget(figures_by_name: dict) -> list[str]:
     """The cases each record skipped because the study's time budget ran out (a device call's limit), in order."""
     return [name for figures in figures_by_name.values() for group in ("runs", "cases")
             for name, rec in (figures.get(group) or {}).items()
-            if isinstance(rec, dict) and "of the study's budget left" in str(rec.get("status", ""))]
+            if isinstance(rec, dict) and rec.get("over_budget")]
 
 
 def selection(study: Study, size: Size, out: Path, write_reference: bool, only: list[str]):
