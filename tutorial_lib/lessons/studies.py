@@ -194,15 +194,19 @@ def entries(record: dict) -> dict[str, tuple]:
     return out
 
 
+KEPT = "the same figures: kept, not rerun"
+
+
 def compare(old: dict, new: dict) -> list[dict]:
     """Two records of one study on one kind of node, entry by entry (entries): each in both, its img/s then and
     now with its band, and whether they differ beyond those bands (tl.scaling.judge). An entry whose
-    configuration changed between the records is named, not compared."""
+    configuration changed between the records is named, not compared; one whose figures are the same in both
+    was kept by a partial rerun (--only), not measured again, and says so."""
     before, now, rows = entries(old), entries(new), []
     for name in [n for n in now if n in before]:
         (a, ba, ca), (b, bb, cb) = before[name], now[name]
         changed = sorted(k for k in set(ca or {}) & set(cb or {}) if k != "out_dir" and ca[k] != cb[k])
-        verdict = ("another configuration (" + ", ".join(changed[:3]) + ")" if changed else
+        verdict = ("another configuration (" + ", ".join(changed[:3]) + ")" if changed else KEPT if (a, ba) == (b, bb) else
                    {"≈": "within the run-to-run spread", "<": "faster now, beyond the spread",
                     ">": "slower now, beyond the spread"}[judge(ba, bb)])
         rows.append({"case": name, "before": a, "before_band": ba, "now": b, "now_band": bb, "ratio": b / a,
@@ -219,9 +223,15 @@ def comparison_lines(old: dict, new: dict) -> list[str]:
     out += ["| case | before img/s (band) | now img/s (band) | now / before | verdict |", "| --- | ---: | ---: | ---: | --- |"]
     out += [f"| {r['case']} | {r['before']:,.0f} ({r['before_band'][0]:,.0f}-{r['before_band'][1]:,.0f}) | {r['now']:,.0f} "
             f"({r['now_band'][0]:,.0f}-{r['now_band'][1]:,.0f}) | {r['ratio']:.3f} | {r['verdict']} |" for r in rows]
+    kept = sum(r["verdict"] == KEPT for r in rows)
     same = sum(r["verdict"] == "within the run-to-run spread" for r in rows)
-    out.append(f"{same} of {len(rows)} cases that ran in both records are within the run-to-run spread" if rows else
-               "no case ran in both records with a throughput: nothing to compare")
+    if not rows:
+        out.append("no case has a throughput in both records: nothing to compare")
+    elif kept == len(rows):
+        out.append("every case has the same figures in both records (kept, not rerun): nothing to compare")
+    else:
+        out.append(f"{same} of {len(rows) - kept} cases that ran in both records are within the run-to-run spread"
+                   + (f" ({kept} kept from before, not rerun)" if kept else ""))
     return out
 
 
