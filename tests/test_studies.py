@@ -210,19 +210,24 @@ def _study_record(runs, card="NVIDIA H200", date="2026-11-28"):
 
 def test_a_rerun_is_compared_case_by_case_within_the_spread_of_its_steps():
     old = _study_record({"same": _run(1000.0), "faster": _run(1000.0), "slower": _run(1000.0),
-                         "changed": _run(1000.0), "gone": _run(1000.0), "failed": {"status": "failed"}})
-    new = _study_record({"same": _run(1040.0), "faster": _run(1300.0), "slower": _run(700.0),
+                         "changed": _run(1000.0), "gone": _run(1000.0), "failed": {"status": "failed"},
+                         "kept": _run(1000.0)})
+    new = _study_record({"same": _run(1040.0), "faster": _run(1300.0), "slower": _run(700.0), "kept": _run(1000.0),
                          "changed": _run(1000.0, batch_size=1024, out_dir="elsewhere"), "failed": _run(900.0)})
     rows = {r["case"]: r for r in studies.compare(old, new)}
-    assert set(rows) == {"same", "faster", "slower", "changed"}  # in both, with a throughput in both
+    assert set(rows) == {"same", "faster", "slower", "changed", "kept"}  # in both, with a throughput in both
+    assert rows["kept"]["verdict"] == studies.KEPT  # the same figures: a partial rerun (--only) kept it
     assert rows["same"]["verdict"] == "within the run-to-run spread" and rows["same"]["ratio"] == pytest.approx(1.04)
     assert rows["faster"]["verdict"] == "faster now, beyond the spread"
     assert rows["slower"]["verdict"] == "slower now, beyond the spread"
     assert rows["changed"]["verdict"] == "another configuration (batch_size)"  # out_dir is where, not what
     lines = studies.comparison_lines(old, new)
-    assert lines[-1] == "1 of 4 cases that ran in both records are within the run-to-run spread"
+    assert lines[-1] == ("1 of 4 cases that ran in both records are within the run-to-run spread "
+                         "(1 kept from before, not rerun)")
     assert "| same | 1,000 (950-1,050) | 1,040 (988-1,092) | 1.040 | within the run-to-run spread |" in lines
     assert not any(line.startswith("another card") for line in lines)
+    assert studies.comparison_lines(_study_record({}), new)[-1] == \
+        "no case has a throughput in both records: nothing to compare"
     assert any(line.startswith("another card") for line in studies.comparison_lines(
         _study_record({}, card="NVIDIA H100 80GB HBM3"), new))
 
@@ -232,13 +237,24 @@ def test_compare_reads_the_committed_record_and_refuses_another_studys(tmp_path,
     old.write_text(json.dumps(reference.load("06_scaling")))
     assert main(["study", "scaling", "--compare", str(old)]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[-1].endswith("cases that ran in both records are within the run-to-run spread")
-    assert not out.splitlines()[-1].startswith("0 of")  # a record against itself: every case within
+    assert out.splitlines()[-1].startswith("every case has the same figures in both records")  # itself
+    assert out.count(studies.KEPT) > 3
     old.write_text(json.dumps({**reference.load("06_scaling"), "script": "python -m tutorial_lib study dpddp"}))
     assert main(["study", "scaling", "--compare", str(old)]) == 2
     assert "not of study scaling (python -m tutorial_lib study scaling or scripts/gpu/scaling.sh)" in capsys.readouterr().err
     assert main(["study", "scaling", "--compare", str(tmp_path / "none.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bound, verdict", [
+    ((110, 108), "bound is faster in both pairs (x1.10, x1.08)"), ((90, 93), "bound is slower in both pairs"),
+    ((103, 97), "within the ±5% noise floor in both pairs (x1.03, x0.97)"),
+    ((115, 103), "the two pairs disagree (x1.15, x1.03)")])  # the 4x H200 record's pairs: not settled
+def test_binding_is_judged_pair_by_pair(bound, verdict):
+    from tutorial_lib.lessons import cluster
+
+    runs = {"unbound_1": 100.0, "bound_1": float(bound[0]), "unbound_2": 100.0, "bound_2": float(bound[1])}
+    assert cluster.binding_verdict(runs).startswith(verdict)
 
 
 @pytest.mark.parametrize("nodes, exclusive", [((0, 0, 0, 0), True), ((0, 0, 1, 1), False)])
@@ -268,6 +284,7 @@ def test_the_binding_check_measures_on_any_multi_gpu_node(tmp_path, monkeypatch,
     n = cluster.numa_check(TrainConfig(device="cpu"), size.Size(False, "test"), tmp_path, [0, 1, 2, 3])
     assert list(n["img_s"]) == ["unbound_1", "bound_1", "unbound_2", "bound_2"]
     assert n["bound_over_unbound"] == pytest.approx(1.1) and n["run"]["gpus"] == 4
+    assert n["verdict"] == "bound is faster in both pairs (x1.10, x1.10), beyond the ±5% noise floor"
     assert [("--exclusive" in w) for w in launched] == [False, exclusive, False, exclusive]
     assert n["mode"].startswith("each rank on its own share" if exclusive else "each rank on its GPU's NUMA node")
     assert cluster.numa_check(TrainConfig(device="cpu"), size.Size(False, "test"), tmp_path, [0])["why"] == \

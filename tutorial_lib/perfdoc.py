@@ -232,7 +232,7 @@ def cluster_section(rec: dict | None) -> list[str]:
     out.append("- **CPU binding**: " + (n["why"] if n.get("why") else
                f"DDP on {n['run']['gpus']} GPUs with DataLoader workers, bound ({mode}) against unbound (alternated "
                "twice): "
-               f"{n['bound_over_unbound']:.2f}x ("
+               + (n.get("verdict") or f"{n['bound_over_unbound']:.2f}x") + " ("
                + ", ".join(f"{k} {v:,.0f}" for k, v in n["img_s"].items()) + " img/s)."))
     return out
 

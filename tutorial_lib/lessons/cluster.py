@@ -29,7 +29,7 @@ from pathlib import Path
 from .. import energy
 from ..config import ROOT, TrainConfig, given_gpus, load
 from ..launcher import torchrun_command
-from . import hang
+from . import hang, noise
 
 ENERGY_STEPS, HANG_TIMEOUT_S = 4000, 20  # about 45 s of the timed window on an H100
 NUMA_RUN = dict(loader="dataloader", num_workers=6, batch_size=256, steps=400, timing_warmup=150)
@@ -127,4 +127,19 @@ def numa_check(base: TrainConfig, size, out: Path, gpus: list[int]) -> dict:
     unbound = [v for k, v in runs.items() if k.startswith("unbound")]
     bound = [v for k, v in runs.items() if k.startswith("bound")]
     return {"gpus": where, "img_s": runs, "bound_over_unbound": sum(bound) / sum(unbound), "mode": mode,
-            "run": {**NUMA_RUN, "gpus": len(gpus)}}
+            "verdict": binding_verdict(runs), "run": {**NUMA_RUN, "gpus": len(gpus)}}
+
+
+def binding_verdict(img_s: dict) -> str:
+    """Bound against unbound pair by pair (each pair run back to back): an effect of binding only where both pairs
+    agree beyond the noise floor; pairs that disagree mean the node drifts as much as binding could change."""
+    pairs = [img_s[f"bound_{i}"] / img_s[f"unbound_{i}"] for i in (1, 2)]
+    words, floor = ", ".join(f"x{p:.2f}" for p in pairs), f"±{noise.FLOOR:.0%} noise floor"
+    if all(p > 1 + noise.FLOOR for p in pairs):
+        return f"bound is faster in both pairs ({words}), beyond the {floor}"
+    if all(p < 1 - noise.FLOOR for p in pairs):
+        return f"bound is slower in both pairs ({words}), beyond the {floor}"
+    if all(abs(p - 1) <= noise.FLOOR for p in pairs):
+        return f"within the {floor} in both pairs ({words}): binding changes nothing measurable here"
+    return (f"the two pairs disagree ({words}): the runs drift as much as binding could change them, so this "
+            "measurement does not settle it")
