@@ -131,15 +131,18 @@ def numa_check(base: TrainConfig, size, out: Path, gpus: list[int]) -> dict:
 
 
 def binding_verdict(img_s: dict) -> str:
-    """Bound against unbound pair by pair (each pair run back to back): an effect of binding only where both pairs
-    agree beyond the noise floor; pairs that disagree mean the node drifts as much as binding could change."""
-    pairs = [img_s[f"bound_{i}"] / img_s[f"unbound_{i}"] for i in (1, 2)]
-    words, floor = ", ".join(f"x{p:.2f}" for p in pairs), f"±{noise.FLOOR:.0%} noise floor"
-    if all(p > 1 + noise.FLOOR for p in pairs):
-        return f"bound is faster in both pairs ({words}), beyond the {floor}"
-    if all(p < 1 - noise.FLOOR for p in pairs):
-        return f"bound is slower in both pairs ({words}), beyond the {floor}"
-    if all(abs(p - 1) <= noise.FLOOR for p in pairs):
-        return f"within the {floor} in both pairs ({words}): binding changes nothing measurable here"
+    """Bound against unbound pair by pair (each pair run back to back), by the workbook's one noise rule
+    (tl.noise: two figures differ only when their bands do not overlap): an effect of binding only where both
+    pairs agree; pairs that disagree mean the node drifts as much as binding could change."""
+    pairs = [(img_s[f"bound_{i}"], img_s[f"unbound_{i}"]) for i in (1, 2)]
+    words = ", ".join(f"x{b / u:.2f}" for b, u in pairs)
+    rel = {noise.relation(noise.Figure.of(b), noise.Figure.of(u)) for b, u in pairs}
+    beyond = f"beyond the noise (their ±{noise.FLOOR:.0%} bands do not overlap)"
+    if rel == {">"}:
+        return f"bound is faster in both pairs ({words}), {beyond}"
+    if rel == {"<"}:
+        return f"bound is slower in both pairs ({words}), {beyond}"
+    if rel == {"≈"}:
+        return f"within noise in both pairs ({words}): binding changes nothing measurable here"
     return (f"the two pairs disagree ({words}): the runs drift as much as binding could change them, so this "
             "measurement does not settle it")

@@ -206,9 +206,13 @@ def compare(old: dict, new: dict) -> list[dict]:
     for name in [n for n in now if n in before]:
         (a, ba, ca), (b, bb, cb) = before[name], now[name]
         changed = sorted(k for k in set(ca or {}) & set(cb or {}) if k != "out_dir" and ca[k] != cb[k])
-        verdict = ("another configuration (" + ", ".join(changed[:3]) + ")" if changed else KEPT if (a, ba) == (b, bb) else
-                   {"≈": "within the run-to-run spread", "<": "faster now, beyond the spread",
-                    ">": "slower now, beyond the spread"}[judge(ba, bb)])
+        if changed:
+            verdict = "another configuration (" + ", ".join(changed[:3]) + ")"
+        elif (a, ba) == (b, bb):
+            verdict = KEPT
+        else:
+            verdict = {"≈": "within the run-to-run spread", "<": "faster now, beyond the spread",
+                       ">": "slower now, beyond the spread"}[judge(ba, bb)]
         rows.append({"case": name, "before": a, "before_band": ba, "now": b, "now_band": bb, "ratio": b / a,
                      "verdict": verdict})
     return rows
