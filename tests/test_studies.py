@@ -96,6 +96,15 @@ def test_every_registered_study_names_a_function_that_exists():
         assert callable(study.function()), study.name
 
 
+def test_each_launch_script_named_by_a_study_launches_it():
+    """Study.launcher is how records made before a study moved into tutorial_lib name it (--compare matches
+    them): each must be the script in scripts/gpu/ whose launch line runs that study."""
+    for study in studies.STUDIES.values():
+        if study.launcher:
+            text = (ROOT / study.launcher).read_text()
+            assert f"python3 -m tutorial_lib study {study.name} " in text, (study.name, study.launcher)
+
+
 def test_the_notebook_session_is_the_one_size(monkeypatch):
     from tutorial_lib import notebook
 
@@ -318,3 +327,10 @@ def test_the_rerun_is_compared_with_the_one_record_it_replaced(tmp_path):
         studies.counterpart(h100, tmp_path)
     with pytest.raises(UserError, match="0 records"):
         studies.counterpart({**rec, "gpus": 2}, tmp_path)
+    # the rerun through the entry point replaced a record its launch script wrote before the move
+    reference.write("04_ladder_h200", {"runs": {"a": _run(1010.0)}}, script="python -m tutorial_lib study ladder",
+                    card="NVIDIA H200", gpus=4, folder=tmp_path)
+    with pytest.raises(UserError, match="0 records in .* come from scripts/gpu/ladder.sh on 4x NVIDIA H200"):
+        studies.counterpart(rec, tmp_path)
+    now = studies.counterpart(rec, tmp_path, scripts=studies.get("ladder").scripts())
+    assert now["script"] == "python -m tutorial_lib study ladder" and studies.compare(rec, now)[0]["now"] == 1010.0

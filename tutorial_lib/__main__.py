@@ -176,18 +176,18 @@ def study(argv: list[str]) -> int:
     if args.list or not args.name:
         print(studies.listing())
         return 0 if args.list else 2
-    studies.get(args.name)  # an unknown name fails here, before any work
+    study = studies.get(args.name)  # an unknown name fails here, before any work
     if args.compare:
         old = Path(args.compare)
         if not old.is_file():
             raise UserError(f"--compare {args.compare}: no such file; give an older record of study {args.name}, "
                             f"e.g. git show HEAD~1:notebooks/reference/<name>.json > old.json")
         record = json.loads(old.read_text())
-        ours = (f"python -m tutorial_lib study {args.name}", f"scripts/gpu/{args.name}.sh")
+        ours = study.scripts()
         if record.get("script") not in ours:
             raise UserError(f"--compare {args.compare}: a record of {record.get('script')!r}, not of study "
                             f"{args.name} ({' or '.join(ours)})")
-        print("\n".join(studies.comparison_lines(record, studies.counterpart(record))))
+        print("\n".join(studies.comparison_lines(record, studies.counterpart(record, scripts=ours))))
         return 0
     studies.run(args.name, size.current(args.small), args.out or f"runs/study_{args.name}", args.reference,
                 args.only)

@@ -39,28 +39,39 @@ class Study:
     notebook: str  # the notebook that shows its figures
     gpus: int  # GPUs its full size wants (it runs on fewer, saying so)
     about: str  # one line: what it measures
+    launcher: str | None = None  # its launch line on a GPU node, scripts/gpu/NAME.sh (older records name it)
 
     def function(self):
         module, func = self.target.split(":")
         return getattr(importlib.import_module(f"{__package__}.{module}"), func)
 
+    def scripts(self) -> tuple[str, ...]:
+        """What a record of this study names as its `script`: the entry point, or (records made before the study
+        moved into tutorial_lib) its launch script."""
+        return (f"python -m tutorial_lib study {self.name}",) + ((self.launcher,) if self.launcher else ())
+
 
 STUDIES: dict[str, Study] = {s.name: s for s in (
-    Study("spine", "checks:spine", "01", 2, "fp32 vs bf16 on one GPU, DDP on 1 and 2 GPUs: the CLI's first runs"),
-    Study("measure", "checks:measure", "01", 1, "one way to measure: train, bench and TensorBoard agree; verdicts"),
-    Study("traces", "traces:study", "02", 2, "profiled runs (fp32, bf16, DDP per rank) and the GPU trace fixture"),
-    Study("data_loading", "data_loading:study", "03", 2, "IO / SYNTHETIC / FULL of every loader at batch 256 and 1024"),
+    Study("spine", "checks:spine", "01", 2, "fp32 vs bf16 on one GPU, DDP on 1 and 2 GPUs: the CLI's first runs",
+          "scripts/gpu/spine.sh"),
+    Study("measure", "checks:measure", "01", 1, "one way to measure: train, bench and TensorBoard agree; verdicts",
+          "scripts/gpu/measure.sh"),
+    Study("traces", "traces:study", "02", 2, "profiled runs (fp32, bf16, DDP per rank) and the GPU trace fixture",
+          "scripts/gpu/profiling.sh"),
+    Study("data_loading", "data_loading:study", "03", 2, "IO / SYNTHETIC / FULL of every loader at batch 256 and 1024",
+          "scripts/gpu/data_loading.sh"),
     Study("ladder", "ladder:study", "04", 1, "the optimization ladder rung by rung, traces of its key rungs, and the "
-          "bench at configs/optimized.yaml"),
+          "bench at configs/optimized.yaml", "scripts/gpu/ladder.sh"),
     Study("baseline", "baseline:study", "01", 1, "the fp32 baseline step by hand and in the engine, short and long "
           "runs, beside the GPU's clock: why one configuration can read differently in 01, 02 and 04"),
     Study("dpddp", "dpddp:study", "05", 4, "DataParallel against DDP on every GPU of the node (2 or 4), the trap, "
-          "DDP's knobs"),
+          "DDP's knobs", "scripts/gpu/dp_vs_ddp.sh"),
     Study("scaling", "scaling_study:study", "06", 4, "weak and strong scaling, the race to a target accuracy, the "
-          "all-reduce's cost, notebook 01's baseline"),
+          "all-reduce's cost, notebook 01's baseline", "scripts/gpu/scaling.sh"),
     Study("cluster", "cluster:study", "06", 2, "what a cluster user asks next: the energy counter against power.draw, "
-          "the hang drill on NCCL, CPU binding on the node's NUMA nodes"),
-    Study("ddp_probe", "ddp_probe:study", "05", 4, "DDP at batch 256 per GPU form by form, and its gap traced by kernel class"),
+          "the hang drill on NCCL, CPU binding on the node's NUMA nodes", "scripts/gpu/cluster.sh"),
+    Study("ddp_probe", "ddp_probe:study", "05", 4, "DDP at batch 256 per GPU form by form, and its gap traced by "
+          "kernel class", "scripts/gpu/ddp_probe.sh"),
 )}
 
 
@@ -239,15 +250,16 @@ def comparison_lines(old: dict, new: dict) -> list[str]:
     return out
 
 
-def counterpart(old: dict, folder=None) -> dict:
-    """The committed record (notebooks/reference/ by default) that a rerun of `old` replaced: the same script, on
-    the same card with as many GPUs."""
-    folder = Path(folder or reference.FOLDER)
-    same = [r for r in map(_record, sorted(folder.glob("*.json"))) if r and r["script"] == old.get("script")
+def counterpart(old: dict, folder=None, scripts: tuple[str, ...] | None = None) -> dict:
+    """The committed record (notebooks/reference/ by default) that a rerun of `old` replaced: made by the same
+    study (`scripts`: the names its records give it, Study.scripts(); default old's own), on the same card with
+    as many GPUs."""
+    folder, scripts = Path(folder or reference.FOLDER), scripts or (old.get("script"),)
+    same = [r for r in map(_record, sorted(folder.glob("*.json"))) if r and r["script"] in scripts
             and (r.get("card"), r.get("gpus", 1)) == (old.get("card"), old.get("gpus", 1))]
     distinct = {json.dumps(r["figures"], sort_keys=True): r for r in same}  # a copy under a second name is one
     if len(distinct) == 1:
         return next(iter(distinct.values()))
-    raise UserError(f"--compare: {len(distinct)} records in {folder} come from {old.get('script')!r} on "
+    raise UserError(f"--compare: {len(distinct)} records in {folder} come from {' or '.join(scripts)} on "
                     f"{old.get('gpus', 1)}x {old.get('card')}; the rerun's record must replace exactly one "
                     "(rerun the study with --reference on the same kind of node first)")
