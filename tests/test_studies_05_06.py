@@ -559,6 +559,7 @@ def test_the_cost_lines_say_which_faster_point_is_not_cheaper():
     for line, row in zip(lines, rows):
         p, (lo, hi) = row["point"], row["efficiency_band"]
         assert f"{p.gpus * 1e6 / p.img_s:.1f} GPU-seconds per million images" in line
+        assert line.count(f"{p.gpus} GPUs") == 1, line  # the point's GPUs said once
         assert line.endswith("faster, not cheaper") == (hi < 1)
         if hi < 1:
             assert f"at {1 / p.efficiency:.2f}x the GPU-hours per image" in line

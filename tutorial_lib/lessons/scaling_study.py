@@ -216,8 +216,9 @@ def scaling_rows(fig: dict) -> list[dict]:
     one-GPU run, with the efficiency's band and the noise rule's verdict (tl.scaling.scaling_verdict)."""
     one, race_one = _result(fig, "weak_1"), _result(fig, "race_1")
     pairs = [("weak", f"weak_{n}", one) for n in fig["counts"][1:]] + [("strong", f"strong_{fig['gpus']}", one)]
-    pairs += [(f"weak, the race's {rec['about']}", name, race_one) for name, rec in fig["runs"].items()
-              if name.startswith("race_") and name != "race_1"]
+    # a race run's label says which run; its GPUs and batch are the point's own (the table's columns)
+    pairs += [(f"weak, the race's run with {rec['about'].rsplit(', ', 1)[-1]}", name, race_one)
+              for name, rec in fig["runs"].items() if name.startswith("race_") and name != "race_1"]
     out = []
     for kind, name, base in pairs:
         run = _result(fig, name)
