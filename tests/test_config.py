@@ -94,3 +94,12 @@ def test_num_workers_auto_follows_the_cpus_this_process_was_given(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")  # 4 processes of one torchrun share the task's CPUs
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert usable_cpus() == 8 and TrainConfig().workers() == 7
+
+
+def test_a_count_is_said_in_words():
+    """Printed counts agree with their number (no '1 GPUs', no 'GPU(s)')."""
+    from tutorial_lib.values import count
+
+    assert [count(n, "GPU") for n in (0, 1, 2, 1024)] == ["0 GPUs", "1 GPU", "2 GPUs", "1,024 GPUs"]
+    assert count(1, "thread") == "1 thread" and count(3, "process", "processes") == "3 processes"
+    assert count("1", "GPU") == "1 GPU" and count("4", "GPU") == "4 GPUs"  # Slurm reports counts as text

@@ -166,7 +166,7 @@ def test_gpu_line_names_the_card_memory_and_mig_slices():
     ctx = gpu_context()
     ctx.smi = {"gpus": [("NVIDIA H100", 79.6)], "driver": "580.82.07", "mig": ["3g.40gb", "3g.40gb"]}
     check = doctor.check_gpus(ctx)
-    assert check.status == "PASS" and "1 GPU(s): NVIDIA H100, 79.2 GiB each; MIG slices: 3g.40gb" in check.message
+    assert check.status == "PASS" and "1 GPU: NVIDIA H100, 79.2 GiB each; MIG slices: 3g.40gb" in check.message
     assert doctor.check_nccl(ctx).status == "SKIP"  # one GPU: no all-reduce
     assert doctor.check_bf16(gpu_context(bf16=False)).status == "WARN"
 

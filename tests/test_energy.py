@@ -126,8 +126,8 @@ def test_the_ledger_shows_gpu_hours_and_energy_columns(tmp_path):
     rows = ledger_results(tmp_path)
     table = scaling.markdown_table(rows).splitlines()
     assert table[0].endswith("| gpu_hours | energy_kj | j_per_image | gpu_hours_to_target | kwh_to_target |")
-    assert table[2].endswith("| 1 | 360 | 0.36 | None | None |")  # 1 GPU x 1 h; 360 kJ over 1e6 images
-    assert table[3].endswith("| 1.333 | None | None | None | None |")  # 4 GPUs x 20 min; no energy counter
+    assert table[2].endswith("| 1 | 360 | 0.36 | - | - |")  # 1 GPU x 1 h; 360 kJ over 1e6 images
+    assert table[3].endswith("| 1.333 | - | - | - | - |")  # 4 GPUs x 20 min; no energy counter: "-", not None
     assert "cost" not in table[0]  # no site named: no cost column
 
 

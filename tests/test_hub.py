@@ -86,14 +86,14 @@ def test_doctor_outside_a_hub_skips_and_inside_names_the_prefix_and_the_job(monk
                            "TRES": "cpu=4,mem=16G,node=1,billing=4,gres/gpu=1"}  # what scontrol would say
     check = sitecheck.check_hub(ctx)
     assert check.status == "WARN", check  # ten minutes left: less than a lesson
-    assert "Slurm job 12 on node2: 4 CPUs, 16G memory, 1 GPU(s), time limit 08:00:00" in check.message
+    assert "Slurm job 12 on node2: 4 CPUs, 16G memory, 1 GPU, time limit 08:00:00" in check.message
     assert "save your notebooks" in check.fix
     # a cluster that does not track memory and GPUs as TRES: what the job asked for
     ctx.__dict__["job"] = {"JobId": "12", "NodeList": "node2", "TimeLimit": "UNLIMITED", "EndTime": "Unknown",
                            "NumCPUs": "2", "TRES": "cpu=2,node=1,billing=2", "MinMemoryNode": "8G",
                            "TresPerNode": "gres:gpu:1"}
     check = sitecheck.check_hub(ctx)
-    assert check.status == "PASS" and "2 CPUs, 8G memory, 1 GPU(s), time limit UNLIMITED" in check.message
+    assert check.status == "PASS" and "2 CPUs, 8G memory, 1 GPU, time limit UNLIMITED" in check.message
 
 
 def test_tensorboard_on_a_hub_without_its_proxy_says_what_to_do(tmp_path, monkeypatch):
@@ -463,7 +463,7 @@ def test_two_learners_work_in_their_own_server_jobs(ui, learners, hub):
                  (["PASS"], ["WARN"], ["FAIL"], ["SKIP"])}
         assert lines["hub"].startswith("PASS"), table
         assert f"the JupyterHub server of alice at /user/alice/" in lines["hub"], table
-        assert f"Slurm job {job['id']} on {job['node']}: 2 CPUs, 8G memory, 1 GPU(s)" in lines["hub"], table
+        assert f"Slurm job {job['id']} on {job['node']}: 2 CPUs, 8G memory, 1 GPU" in lines["hub"], table
         assert f"~/{CLONE}" in lines["hub"], table  # the package of her own clone
         for name in ("kernel", "proxy", "tensorboard", "sbatch"):
             assert lines[name].startswith("PASS"), lines[name]

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from . import lastwords
 from ._gloo_exit import hand_over
 from .config import ConfigError, UserError
+from .values import count
 
 
 @dataclass
@@ -92,7 +93,7 @@ def device_name(device: torch.device) -> str:
             cpu = next(l.split(":", 1)[1].strip() for l in info if l.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"CPU ({cpu}, {torch.get_num_threads()} threads)"
+    return f"CPU ({cpu}, {count(torch.get_num_threads(), 'thread')})"
 
 
 def setup(parallel: str, device: str = "auto", timeout_s: int = 300) -> DistEnv:

@@ -20,6 +20,7 @@ from . import reference
 from .config import ROOT, UserError
 from .sitecheck import Check
 from .sitecheck import run_command as _run
+from .values import count
 
 MIN_DRIVER = {11: (450, 80), 12: (525, 60), 13: (580, 65)}  # CUDA major -> oldest Linux driver that runs it
 GPU_CHECKS = ("gpus", "driver", "bf16", "nccl")  # the lines a GPU node's reference record keeps
@@ -97,12 +98,12 @@ def check_gpus(ctx: GpuFacts) -> Check:
                      "none") + f", torch {t['torch']} sees none): notebooks run with small sizes on the CPU; the "
                      "driver, bf16 and NCCL checks are skipped", "run on a GPU node for full sizes")
     if not t["gpus"]:
-        return Check("gpus", "FAIL", f"nvidia-smi lists {len(smi['gpus'])} GPU(s) but torch sees none",
+        return Check("gpus", "FAIL", f"nvidia-smi lists {count(len(smi['gpus']), 'GPU')} but torch sees none",
                      "see the driver line; check CUDA_VISIBLE_DEVICES")
     names = sorted({n for n, _ in t["gpus"]})
     memory = ", ".join(f"{m:.1f} GiB" for m in sorted({round(m, 1) for _, m in t["gpus"]}))
     mig = f"; MIG slices: {', '.join(smi['mig'])}" if smi and smi.get("mig") else ""
-    return Check("gpus", "PASS", f"{len(t['gpus'])} GPU(s): {', '.join(names)}, {memory} each{mig}")
+    return Check("gpus", "PASS", f"{count(len(t['gpus']), 'GPU')}: {', '.join(names)}, {memory} each{mig}")
 
 
 def check_driver(ctx: GpuFacts) -> Check:

@@ -8,6 +8,7 @@ import sys
 from importlib import metadata
 
 from .config import usable_cpus
+from .values import count
 
 
 def _version(pkg: str) -> str:
@@ -61,7 +62,7 @@ def print_report(r: dict) -> None:
     print(f"Python {r['python']} on {r['platform']}, {r['cpus_usable']} usable CPU cores")
     print("packages: " + ", ".join(f"{k} {v}" for k, v in r["packages"].items()))
     if r["cuda_available"]:
-        print(f"CUDA {r['cuda_version']}, cuDNN {r['cudnn']}, {len(r['gpus'])} GPU(s):")
+        print(f"CUDA {r['cuda_version']}, cuDNN {r['cudnn']}, {count(len(r['gpus']), 'GPU')}:")
         for g in r["gpus"]:
             print(f"  GPU {g['index']}: {g['name']}, {g['memory_gib']} GiB, compute capability {g['capability']}")
     else:

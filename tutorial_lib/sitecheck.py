@@ -32,6 +32,7 @@ from pathlib import Path
 from . import jobs, sites
 from .config import ROOT, TrainConfig, UserError
 from .tensorboard import running
+from .values import count
 
 
 @dataclass
@@ -346,7 +347,7 @@ def _job_limits(facts: dict[str, str]) -> str:
         f"{facts['MinMemoryCPU']} per CPU" if facts.get("MinMemoryCPU") else "?")
     asked = " ".join(facts.get(k, "") for k in ("TresPerNode", "TresPerJob", "Gres"))
     gpus = tres.get("gres/gpu") or next(iter(re.findall(r"gpu(?::[\w-]+)?[:=](\d+)", asked)), "0")
-    return f"{cpus} CPUs, {memory} memory, {gpus} GPU(s), time limit {facts.get('TimeLimit', '?')}"
+    return f"{cpus} CPUs, {memory} memory, {count(gpus, 'GPU')}, time limit {facts.get('TimeLimit', '?')}"
 
 
 SERVER_MINUTES_LEFT = 30  # fewer minutes left in the server's job: a warning (a lesson does not fit)

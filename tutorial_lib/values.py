@@ -1,7 +1,7 @@
 """How a value is read and written: the text of a command line, a YAML file or a Python value turned into a
 TrainConfig field's type (`coerce`), with an error that names the field; a value written back as a command line
 writes it (`format_value`); one line of plain text (`check_one_line`); a mistyped name's suggestion; the strict
-YAML reader of config files. Torch-free, like `config`, which builds on it."""
+YAML reader of config files; a number of things in words (`count`: 1 GPU, 2 GPUs). Torch-free, like `config`, which builds on it."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,6 +15,13 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+
+
+def count(n: int | str, noun: str, plural: str | None = None) -> str:
+    """'1 GPU', '2 GPUs', '0 GPUs': a number (or the text of one, as Slurm reports it) with its noun (`plural`
+    where adding an s is wrong)."""
+    number = f"{n:,}" if isinstance(n, int) else str(n)
+    return f"{number} {noun if number == '1' else plural or noun + 's'}"
 
 
 def suggest(word: str, known) -> str:

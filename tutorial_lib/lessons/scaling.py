@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .. import jobs, trace_summary
 from ..config import TrainConfig, UserError
+from ..values import count
 
 KINDS = ("weak", "strong")
 LR_RULES = ("none", "linear", "sqrt")
@@ -353,7 +354,7 @@ def write_jobs(cfg: TrainConfig, gpus=(1, 2, 4), nodes: int = 2, prefix: str = "
             sweep += [{"batch_size": b, **traced(cfg), "out_dir": f"{out}/{n}gpu/traced"}] if n == counts[-1] else []
         paths.append(jobs.write(f"{prefix}_scaling_{n}gpu", cfg.replace(
             parallel="ddp" if n > 1 else "none", out_dir=f"{out}/{n}gpu"), gpus_per_node=n, sweep=sweep,
-            description=f"notebook 06: scaling on {n} GPU(s): " + ("the single-GPU baseline" if n == 1 else
+            description=f"notebook 06: scaling on {count(n, 'GPU')}: " + ("the single-GPU baseline" if n == 1 else
                         "weak, strong" + (" and traced" if n == counts[-1] else "") + " points"), **write_kw))
     if nodes > 1:
         n = counts[-1]
@@ -453,6 +454,8 @@ def markdown_table(rows: list[dict], root: str | os.PathLike | None = None, site
 
 
 def _cell(v) -> str:
+    if v is None:  # not measured in that run (no validation, no energy counter, ...)
+        return "-"
     if isinstance(v, float):
         return f"{v:,.4g}" if abs(v) < 10 else f"{v:,.0f}"
     return str(v)

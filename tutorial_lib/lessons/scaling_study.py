@@ -32,6 +32,7 @@ from . import scaling
 from .cases import Case, Runner, Selection, node_gpus, why_missing
 from .. import reference
 from ..config import ROOT, UserError, load
+from ..values import count
 
 BUDGET_S = 440  # one device call runs 600 s at most: start-up, and the last case's overrun, fit in the rest
 RACE_S, AFTER_S = 120.0, 60.0  # one GPU trains about RACE_S seconds; the target is out of its reach before AFTER_S
@@ -103,7 +104,7 @@ def _case(name, cfg, gpus, about, estimate_s, **kw) -> Case:
 def weak_stage(size, runner: Runner, fig: dict) -> None:
     bench = ("--steps", str(size.pick(4, 60)), "--window", str(size.pick(2, 10)))
     for n in fig["counts"]:
-        runner.run(_case(f"weak_{n}", recipe(size), n, f"weak scaling, {n} GPU(s)", size.pick(60, 45 if n == 1 else 30),
+        runner.run(_case(f"weak_{n}", recipe(size), n, f"weak scaling, {count(n, 'GPU')}", size.pick(60, 45 if n == 1 else 30),
                          command="bench", args=bench))
 
 

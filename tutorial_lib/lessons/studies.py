@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .. import reference
 from ..config import UserError
+from ..values import count
 from .scaling import band, judge  # the one noise rule
 from .size import Size
 
@@ -84,7 +85,7 @@ def get(name: str) -> Study:
 
 def listing() -> str:
     width = max((len(n) for n in STUDIES), default=0)
-    return "\n".join(f"{s.name:<{width}}  notebook {s.notebook}, {s.gpus} GPU(s) at full size: {s.about}"
+    return "\n".join(f"{s.name:<{width}}  notebook {s.notebook}, {count(s.gpus, 'GPU')} at full size: {s.about}"
                      for s in sorted(STUDIES.values(), key=lambda s: (s.notebook, s.name)))
 
 
