@@ -40,7 +40,8 @@ def setup(quiet: bool = False) -> Session:
     size = sizes.current()
     s = Session(size.small, size.why, "cuda" if gpus else "cpu", gpus)
     if not quiet:
-        where = f"{count(gpus, 'GPU')}: {torch.cuda.get_device_name(0)}" if gpus else f"CPU only ({os.cpu_count()} cores)"
+        where = (f"{count(gpus, 'GPU')}: {torch.cuda.get_device_name(0)}" if gpus
+                 else f"CPU only ({os.cpu_count()} cores)")
         print(f"workbook ready | torch {torch.__version__} | {where} | sizes: {s.name}")
         if s.small and not gpus:
             print("** SMALL SIZES: no GPU here, so runs are shortened to finish in seconds on a CPU. "

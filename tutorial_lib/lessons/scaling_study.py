@@ -104,8 +104,8 @@ def _case(name, cfg, gpus, about, estimate_s, **kw) -> Case:
 def weak_stage(size, runner: Runner, fig: dict) -> None:
     bench = ("--steps", str(size.pick(4, 60)), "--window", str(size.pick(2, 10)))
     for n in fig["counts"]:
-        runner.run(_case(f"weak_{n}", recipe(size), n, f"weak scaling, {count(n, 'GPU')}", size.pick(60, 45 if n == 1 else 30),
-                         command="bench", args=bench))
+        runner.run(_case(f"weak_{n}", recipe(size), n, f"weak scaling, {count(n, 'GPU')}",
+                         size.pick(60, 45 if n == 1 else 30), command="bench", args=bench))
 
 
 def comm_stage(size, runner: Runner, fig: dict) -> None:
