@@ -29,6 +29,7 @@ from .history import History, check_eval_every, kept_result
 from .launcher import launch, torchrun_command  # noqa: F401  (tl.launch, notebook 05; lessons/cases)
 from .optimizer import OPTIMIZER_IMPLS, lr_lambda, make_optimizer  # noqa: F401  (engine.OPTIMIZER_IMPLS: 04)
 from .results import Result
+from .values import count
 
 # The CLI's exit code after SIGUSR1 (Slurm's warning before the time limit) or SIGTERM (scancel, a time limit
 # without --signal): the checkpoint is written; run the same command again to continue.
@@ -139,7 +140,7 @@ class Run:
         if cfg.parallel == "dp":
             n = torch.cuda.device_count() if self.device.type == "cuda" else 0
             if n < 2:
-                log(env, f"note: parallel=dp with {n or 'no'} GPU{'s' if n != 1 else ''} visible: DataParallel has "
+                log(env, f"note: parallel=dp with {count(n or 'no', 'GPU')} visible: DataParallel has "
                          "nothing to split and runs the model once per step, as parallel=none would")
             return profiling.LabelledDataParallel(net, nvtx=cfg.nvtx)
         return torch.compile(net, mode=cfg.compile_mode) if cfg.compile else net

@@ -61,6 +61,6 @@ def gpus_for(session: Session, need: int, what: str, on_cpu: int = 2,
         return on_cpu
     if session.gpus >= need:
         return session.gpus
-    have = f"{session.gpus} GPU{'s' if session.gpus > 1 else ''}" if session.gpus else "no GPU"
+    have = count(session.gpus, "GPU") if session.gpus else "no GPU"
     print(f"** {what} needs {need} GPUs; this server has {have}: {instead}. **")
     return 0

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import UserError
+from .values import count
 
 from .intervals import covers, partition, union
 
@@ -136,7 +137,7 @@ class TraceSummary:
 
     def header(self) -> str:
         n = len(self.steps)
-        return (f"{self.worker} on {self.device}: {n} profiled step{'s' if n != 1 else ''}, "
+        return (f"{self.worker} on {self.device}: {count(n, 'profiled step')}, "
                 f"{self.step_ms:.1f} ms per step, {self.view} view ({self.path.name})")
 
     def breakdown_table(self) -> str:

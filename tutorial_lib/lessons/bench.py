@@ -28,6 +28,7 @@ from .. import data, distributed, engine
 from ..config import TrainConfig, UserError, usable_cpus
 from ..meters import StepClock
 from ..results import atomic_write_text
+from ..values import count
 
 MEASURES = ("io", "synthetic", "full")
 CLOSE = 0.10  # IO and SYNTHETIC this close on average are balanced; FULL against them: noise.relation
@@ -338,7 +339,7 @@ def _graphs_or_batch(cfg: TrainConfig) -> str:
 def _contention_hint(cfg: TrainConfig, device_type: str) -> str:
     cpus = usable_cpus()
     if cfg.loader != "gpu_resident" and cfg.workers() >= cpus - 1:
-        workers = f"{cfg.workers()} worker{'s' if cfg.workers() != 1 else ''}"
+        workers = count(cfg.workers(), "worker")
         return f"{workers} and the training loop share {cpus} CPUs: try fewer workers"
     if device_type == "cuda" and not cfg.pin_memory:
         return "pageable host-to-device copies block the loop: pin_memory=true"
