@@ -3,6 +3,7 @@ a 2-rank gloo DDP run whose rank 1 freezes before a step fails within dist_timeo
 rank 1 and the collective rank 0 waited in, from the last words and from the flight recorder."""
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -144,3 +145,29 @@ def test_a_flight_recorder_reader_that_fails_is_one_line_not_its_stack(tmp_path,
     assert report.flight_recorder.startswith("the reader failed on these dumps (torch ")
     assert "KeyError: 'process_group'" in report.flight_recorder and "Traceback" not in report.flight_recorder
     assert str(folder) in report.flight_recorder and not report.fr_missing_ranks
+
+
+def test_a_reader_that_knows_only_nccl_reads_gloos_records_under_nccls_names(drilled, monkeypatch):
+    """torch 2.11's torchfrtrace stops at the first gloo record ("name formatting error? gloo != 'nccl' or
+    'xccl'", as on a one-GPU server, whose drill runs on gloo); it is given the same records under NCCL's names,
+    and the report names the missing rank and gloo's collective as a newer reader does, and says how it read them."""
+    import subprocess
+
+    _, _, out = drilled
+    real = subprocess.run
+    refused = []
+
+    def reader_of_torch_2_11(args, **kw):
+        folder = Path(args[args.index("torch.distributed.flight_recorder.fr_trace") + 1])
+        if hang._renamed_gloo(sorted(folder.glob("rank_*")), None):
+            refused.append(folder)
+            return subprocess.CompletedProcess(args, 1, "", "Traceback (most recent call last):\n  File \"x\"\n"
+                                               "AssertionError: name formatting error? gloo != 'nccl' or 'xccl'\n")
+        return real(args, **kw)
+    monkeypatch.setattr(hang.subprocess, "run", reader_of_torch_2_11)
+    report = hang.read_report(out)
+    assert refused == [out / "flight_recorder"]  # refused once, then read the renamed copies
+    assert report.fr_missing_ranks == [1] and report.fr_collective.startswith("gloo:broadcast (sequence number ")
+    assert "nccl:" not in report.flight_recorder
+    assert report.flight_recorder.endswith("it read gloo's under NCCL's names)")
+    assert "The flight recorder agrees" in report.verdict()

@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,18 +214,25 @@ def _read_flight_recorder(report: HangReport, folder: Path, world_size: int) -> 
                                   "off (set the variables of tl.hang.flight_recorder_env before the run starts)")
         return
     words = ["--allow-incomplete-ranks"] if len(dumps) < world_size else []
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder), "-p",
-                          FR_PREFIX, *words], capture_output=True, text=True, timeout=120)
-    said = [_short_path(l) for l in (run.stdout + run.stderr).splitlines()
-            if l.strip() and "tabulate is not installed" not in l]
-    if run.returncode != 0:  # the reader itself failed (torch 2.11's on gloo records, say): its error, not its stack
+    said, failed = _fr_trace(folder, words)
+    note = ""
+    if failed and said and "name formatting error" in said[-1] and _renamed_gloo(dumps, None):
+        # An older reader (torch 2.11's) knows NCCL's names only and stops at gloo's ("gloo:broadcast"): it
+        # reads the same records under NCCL's names, and its answer is given back in gloo's.
+        with tempfile.TemporaryDirectory() as tmp:
+            _renamed_gloo(dumps, Path(tmp))
+            said, failed = _fr_trace(Path(tmp), words)
+        said = [l.replace("nccl:", "gloo:") for l in said]
+        note = "(this torch's reader knows NCCL's records only: it read gloo's under NCCL's names)"
+    if failed:  # the reader itself failed: its error, not its stack
         import torch
 
         report.flight_recorder = (f"the reader failed on these dumps (torch {torch.__version__}): "
-                                  f"{said[-1] if said else f'exit code {run.returncode}'}; the ranks' last words "
+                                  f"{said[-1] if said else 'no output'}; the ranks' last words "
                                   f"above still name the rank that stopped (the dumps are in {folder})")
         return
-    report.flight_recorder = "\n".join(said[:20]) or "(the reader found every collective joined by every rank)"
+    report.flight_recorder = "\n".join(said[:20] + [note] * bool(note)) or \
+        "(the reader found every collective joined by every rank)"
     text = "\n".join(said)
     missing = re.search(r"missing ranks: \{([\d, ]*)\}", text)
     if missing:
@@ -232,6 +240,32 @@ def _read_flight_recorder(report: HangReport, folder: Path, world_size: int) -> 
         op = re.search(r"collective: (\S+)", text)
         seq = re.search(r"sequence number: (\d+)", text)
         report.fr_collective = f"{op.group(1) if op else 'a collective'} (sequence number {seq.group(1) if seq else '?'})"
+
+
+def _fr_trace(folder: Path, words: list[str]) -> tuple[list[str], bool]:
+    """torch's flight recorder reader (torchfrtrace) on the dumps in `folder`: its lines, and whether it failed."""
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder), "-p",
+                          FR_PREFIX, *words], capture_output=True, text=True, timeout=120)
+    said = [_short_path(l) for l in (run.stdout + run.stderr).splitlines()
+            if l.strip() and "tabulate is not installed" not in l]
+    return said, run.returncode != 0
+
+
+def _renamed_gloo(dumps: list[Path], into: Path | None) -> bool:
+    """Whether the dumps hold gloo's records ("gloo:broadcast"); with `into`, copies of them there, each record
+    under NCCL's name ("nccl:broadcast"), for a reader that knows no other."""
+    import pickle
+
+    gloo = False
+    for path in dumps:
+        record = pickle.loads(path.read_bytes())
+        for entry in record.get("entries", []):
+            name = str(entry.get("profiling_name", ""))
+            if name.startswith("gloo:"):
+                gloo, entry["profiling_name"] = True, "nccl:" + name[len("gloo:"):]
+        if into is not None:
+            (into / path.name).write_bytes(pickle.dumps(record))
+    return gloo
 
 
 def _short_path(line: str) -> str:
