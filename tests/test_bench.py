@@ -46,7 +46,9 @@ def test_three_figures_positive_and_full_not_above_the_slower_side(tiny_cfg, mod
     r = run_bench(tiny_cfg)
     io_, syn, full = (r.img_s(m) for m in bench.MEASURES)
     assert min(io_, syn, full) > 0
-    assert full <= 1.25 * min(io_, syn), r.summary()  # FULL can't beat the slower of its two parts
+    # FULL can't beat the slower of its two parts: against each part's fastest window, the one a busy machine
+    # disturbed least (another process's load slows single windows, and the figure with them)
+    assert full <= 1.25 * min(r.figures[m].img_s_high for m in ("io", "synthetic")), r.summary()
     saved = json.loads((tmp_path / "run" / "bench.json").read_text())
     assert set(saved["figures"]) == set(bench.MEASURES) and saved["bound"] == r.bound
     assert saved["figures"]["full"]["windows"] == 4 and saved["device"].startswith("CPU")
