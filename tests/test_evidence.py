@@ -81,7 +81,7 @@ def test_precisions_are_judged_by_the_spread_of_their_seeds():
                      fake_run(0.55, [1.0, 0.8], [[10, 1.0, 0.3], [20, 2.0, 0.55]], skipped=2)]}
     rows = {r["precision"]: r for r in evidence.precision_verdicts(runs, target=0.8, tail=1)}
     assert rows["fp32"]["accuracy_verdict"] == "the reference"
-    assert rows["bf16"]["accuracy_verdict"] == "within the seed spread of fp32"
+    assert rows["bf16"]["accuracy_verdict"] == "its seeds overlap fp32's: no difference shown"
     assert rows["fp16"]["accuracy_verdict"] == "lower than fp32, beyond the seed spread"
     assert rows["fp16"]["loss_verdict"] == "higher than fp32, beyond the seed spread"
     assert rows["fp32"]["images_to_target"] == [640, 320] and rows["fp16"]["images_to_target"] == [None, None]

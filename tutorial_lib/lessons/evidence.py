@@ -88,14 +88,14 @@ def last_loss(result, tail: int = 5) -> float:
 def _judge(values: dict, against: str, higher: str, lower: str) -> dict:
     """precision -> verdict of its seeds' range against `against`'s (no floor: between seeds is the noise)."""
     band = {p: noise.spread_of(v, floor=0.0) for p, v in values.items()}
-    words = {"≈": f"within the seed spread of {against}", "<": f"{lower} than {against}, beyond the seed spread",
+    words = {"≈": f"its seeds overlap {against}'s: no difference shown", "<": f"{lower} than {against}, beyond the seed spread",
              ">": f"{higher} than {against}, beyond the seed spread"}
     return {p: "the reference" if p == against else words[noise.relation(b, band[against])] for p, b in band.items()}
 
 
 def precision_verdicts(runs: dict, target: float, against: str = "fp32", tail: int = 5) -> list[dict]:
     """Per precision: each seed's final validation accuracy, images to `target` and mean loss of the last `tail`
-    steps, each judged against `against` by the seed spread: the seeds' ranges overlap -> within the seed spread."""
+    steps, each judged against `against` by the seed spread: the seeds' ranges overlap -> no difference shown."""
     acc = {p: [r.val_accuracy for r in rs] for p, rs in runs.items()}
     loss = {p: [last_loss(r, tail) for r in rs] for p, rs in runs.items()}
     said_acc, said_loss = _judge(acc, against, "higher", "lower"), _judge(loss, against, "higher", "lower")
