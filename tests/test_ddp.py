@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from conftest import ROOT
+
 
 def torchrun(nproc, out_dir, *extra):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
@@ -90,3 +92,33 @@ def test_collectives_return_only_once_gloo_has_let_go_of_their_tensors():
     start = time.monotonic()
     _gloo_exit.let_go("nccl", [t], before)
     assert time.monotonic() - start < 0.1
+
+
+def test_a_compiled_ddp_model_traces_ddps_profiler_range_without_a_warning(tmp_path):
+    """DDP's forward opens a profiler range (record_function); Dynamo, compiling the DDP module, printed
+    '[rank0]:W ... Profiler record function ... will be ignored' into notebook 07's card (seen on an H200, torch
+    2.11). The engine has Dynamo keep the range instead: one compiled DDP step on the CPU prints no warning."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = ("import torch\n"
+              "compile = torch.compile  # Dynamo traces (and would warn), Inductor is not needed: its eager backend\n"
+              "torch.compile = lambda model, **kw: compile(model, backend='eager')\n"
+              "from tutorial_lib import TrainConfig, distributed, engine\n"
+              "cfg = TrainConfig(dataset='shapes', model='resnet18_imagenet', batch_size=4, steps=2, timing_warmup=0, "
+              "train_size=64, device='cpu', num_workers=0, progress=False, tensorboard=False, eval=False, "
+              f"out_dir={str(tmp_path)!r}, parallel='ddp', compile=True)\n"
+              "run = engine.Run(cfg, distributed.setup('ddp', 'cpu'))\n"
+              "run.train_step(torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))\n"
+              "distributed.teardown(run.env)\n"
+              "print('stepped')\n")
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=ROOT)
+    assert run.returncode == 0 and "stepped" in run.stdout, run.stderr[-3000:]
+    assert "will be ignored" not in run.stderr, run.stderr[-3000:]

@@ -125,6 +125,7 @@ class Run:
                 net = self.raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(net)
             if cfg.compile:  # DDPOptimizer cuts the graph at the buckets, for hooks that overlap the backward pass
                 torch._dynamo.config.optimize_ddp = cfg.ddp_compile != "whole" and self.sync == "hooks"
+                torch._dynamo.config.capture_profiler_record_function = True  # DDP.forward's range: kept, no warning
             if cfg.compile and cfg.ddp_compile == "inner":
                 net = torch.compile(net, mode=cfg.compile_mode)
             off = {} if cfg.ddp_broadcast_buffers else {"broadcast_buffers": False}  # True: DDP's default
