@@ -61,14 +61,13 @@ warm: venv
 # Slurm tests need the local cluster, which needs root; otherwise they are skipped with the reason.
 # The browser test needs Debian's chromium + chromium-driver: installed here as root, else it is skipped.
 # The hub test needs what `make hub` prepares (configurable-http-proxy from npm, the learners' shared
-# environment, their accounts and clones): prepared here as root; the test starts and stops its own hub, in a
-# pytest run beside the notebooks' (scripts/test.sh).
+# environment, their accounts and clones): prepared here as root; the test starts and stops its own hub.
 test: venv
 	@if [ "$$(id -u)" = 0 ]; then bash scripts/slurm/local-cluster.sh up; \
 	else echo "not root: the local Slurm cluster is not started and the Slurm tests will be skipped"; fi
 	@bash scripts/install-browser.sh
 	@if [ "$$(id -u)" = 0 ]; then bash scripts/hub/hub.sh prepare || echo "hub: not prepared (above): the hub test will fail"; fi
-	VENV=$(VENV) bash scripts/test.sh
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest --nbval-lax --nbval-current-env --durations=40 tests notebooks
 
 data: venv
 	$(BIN)/python -m tutorial_lib data fetch cifar10 cifar100 mnist imagefolder
