@@ -144,7 +144,7 @@ def test_the_doctor_warns_on_a_gpu_node_without_a_warmed_cache(tmp_path, monkeyp
     compilecache.record(tmp_path / "cc", "optimized", "2.14.1", "NVIDIA H100 80GB HBM3", {"first_step_s": 40.0})
     line = _doctor_line(tmp_path, monkeypatch, ["NVIDIA H100 80GB HBM3"])
     assert line.status == "PASS", line.message
-    assert "3.0 MiB" in line.message and "torch 2.14.1 on NVIDIA H100 80GB HBM3: 1 configuration(s) warmed" in line.message
+    assert "3.0 MiB" in line.message and "torch 2.14.1 on NVIDIA H100 80GB HBM3: 1 configuration warmed" in line.message
 
 
 # ---------------------------------------------------------------------------------------- warm, the CLI

@@ -70,7 +70,7 @@ def test_a_study_that_ran_out_of_budget_prints_the_call_that_runs_the_rest(tmp_p
     monkeypatch.setattr(studies.Study, "function", lambda self: short_study)
     studies.run("short", size.Size(True, "test"), tmp_path / "out")
     out = capsys.readouterr().out
-    assert "2 case(s) did not fit in this call's budget" in out  # not the case this node has too few GPUs for
+    assert "2 cases did not fit in this call's budget" in out  # not the case this node has too few GPUs for
     assert f"python -m tutorial_lib study short --only long_a,long_b --out {tmp_path / 'out'}" in out
 
 

@@ -274,7 +274,7 @@ def check_compile_cache(ctx: Context) -> Check:
     except UserError as e:
         return Check("compile_cache", "WARN", str(e), fix)
     size = compilecache.size_bytes(folder) / 2**20
-    warmed = "; ".join(f"torch {e.get('torch')} on {e.get('device')}: {len(e.get('configs') or {})} configuration(s) "
+    warmed = "; ".join(f"torch {e.get('torch')} on {e.get('device')}: {count(len(e.get('configs') or {}), 'configuration')} "
                        f"warmed {str(e.get('updated', '?'))[:10]}" for e in entries) or "nothing warmed (no manifest)"
     text = f"{_shown(folder)} ({source}, {size:,.1f} MiB): {warmed}"
     here = ctx.torch.get("torch")

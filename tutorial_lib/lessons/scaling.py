@@ -152,7 +152,7 @@ def best_baseline(results, run, kind: str = "weak", gpus: int | None = None):
         except UserError as e:
             why = why or str(e)
     if not valid:
-        raise UserError(f"no valid single-GPU baseline among {len(results)} result(s): {why}")
+        raise UserError(f"no valid single-GPU baseline among {count(len(results), 'result')}: {why}")
     return max(valid, key=lambda r: r["throughput_img_s"])
 
 
@@ -285,7 +285,7 @@ def race_target(history: list, after_s: float, val_size: int, window: int = 5, m
                 "why": f"the one-GPU run reached {max(early):.2%} ({wrong:,} wrong of {val_size:,}) within its "
                        f"first {after_s:g} training seconds and at best {best:.2%} later (smoothed over {k} "
                        f"validations), and a target must lie one image above the first and "
-                       f"{max(margin, one) * val_size:.0f} image(s) below the second: the set is learned too soon "
+                       f"{count(round(max(margin, one) * val_size), 'image')} below the second: the set is learned too soon "
                        f"for a race of this length (a harder set, or a longer race)"}
     return {"target": target, "rule": words, "best_early": max(early), "best_smoothed": best}
 

@@ -123,7 +123,7 @@ def run(name: str, size: Size, out: str | Path, write_reference: bool = False,
           f"wrote {', '.join(str(p) for p in written.values()) or nothing}")
     later = over_budget(figures_by_name)
     if later:
-        print(f"{len(later)} case(s) did not fit in this call's budget; the record keeps what ran. Run them in "
+        print(f"{count(len(later), 'case')} did not fit in this call's budget; the record keeps what ran. Run them in "
               f"another call: python -m tutorial_lib study {name}{' --reference' if write_reference else ''} "
               f"--only {','.join(later)}" + ("" if write_reference else f" --out {out}"))
     return written
@@ -150,7 +150,7 @@ def selection(study: Study, size: Size, out: Path, write_reference: bool, only: 
     records = [r for r in map(_record, sorted(Path(folder).glob("*.json")))
                if r and r["script"] == f"python -m tutorial_lib study {study.name}" and _cases_of(r["figures"])]
     if len(records) != 1:
-        raise UserError(f"--only merges into the study's existing record, but {len(records)} record(s) of study "
+        raise UserError(f"--only merges into the study's existing record, but {count(len(records), 'record')} of study "
                         f"{study.name} lie in {folder}: run the whole study first")
     rec, here = records[0], _machine(size)
     there = {k: rec.get(k) for k in here}

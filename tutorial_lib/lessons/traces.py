@@ -29,6 +29,7 @@ from .size import Size
 from .. import engine, profiling
 from ..config import TrainConfig, UserError
 from ..results import atomic_write_text, load_result
+from ..values import count
 from ..trace_summary import PARTS, summarize
 
 FIXTURE_MAX_BYTES = 700_000  # a fixture bigger than this is recorded again without memory events
@@ -66,7 +67,7 @@ def study(size: Size, out: Path) -> dict:
     atomic_write_text(out / "traces.md", text + "\n")
     print(text, "\nchecks:", "all passed" if not failures else "FAILED\n  " + "\n  ".join(failures))
     if failures:
-        raise UserError(f"study traces: {len(failures)} check(s) failed (listed above; the table is in {out})")
+        raise UserError(f"study traces: {count(len(failures), 'check')} failed (listed above; the table is in {out})")
     return {}
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from . import ladder
 from .. import compilecache, reference
 from ..config import CONFIGS_DIR, ROOT, TrainConfig, UserError, load
+from ..values import count
 from ..sites import load_site
 from ..meters import untimed_steps
 from ..results import load_result
@@ -108,9 +109,9 @@ def warm(configs: list[tuple[str, TrainConfig]], folder: Path, out: Path) -> lis
               flush=True)
         rows.append(row)
     size = compilecache.size_bytes(folder) / 2**20
-    print(f"warmed {len(rows)} configuration(s) into {folder} ({size:,.0f} MiB); manifest {folder / compilecache.MANIFEST}")
+    print(f"warmed {count(len(rows), 'configuration')} into {folder} ({size:,.0f} MiB); manifest {folder / compilecache.MANIFEST}")
     if failed:
-        raise UserError(f"{len(failed)} configuration(s) could not be warmed: {', '.join(failed)} (their logs: "
+        raise UserError(f"{count(len(failed), 'configuration')} could not be warmed: {', '.join(failed)} (their logs: "
                         f"{out / 'logs'}); the others are in the cache")
     return rows
 
