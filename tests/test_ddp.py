@@ -99,8 +99,6 @@ def test_a_compiled_ddp_model_traces_ddps_profiler_range_without_a_warning(tmp_p
     '[rank0]:W ... Profiler record function ... will be ignored' into notebook 07's card (seen on an H200, torch
     2.11). The engine has Dynamo keep the range instead: one compiled DDP step on the CPU prints no warning."""
     import socket
-    import subprocess
-    import sys
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
