@@ -79,12 +79,21 @@ def test_tensorboard_rate_is_the_clocks_rate_over_each_log_interval(tmp_path, sl
 
 
 def test_bench_full_and_train_agree_on_the_same_slow_run(tmp_path, sleepy):
+    """Each pair of runs takes about 2 s; another process's burst on a shared 2-core machine can slow one of
+    them by a tenth or more (a CI run once saw 274 against 328 img/s), so a pair that disagrees is run again.
+    A real difference between the two figures shows in every pair."""
     sleepy(0.005, stall=0.04)  # a loader that needs 40 ms per batch: loader-bound
-    trained = engine.train(cfg(tmp_path, "train", steps=19, timing_warmup=1))
-    b = bench.bench(cfg(tmp_path, "bench", steps=19, timing_warmup=1), steps=18, window=6, measures=("full",))
-    assert b.figures["full"].windows == 3
-    assert b.img_s("full") == pytest.approx(trained.throughput_img_s, rel=0.15), b.summary()
-    assert b.full_data_wait_fraction > 0.5 and trained.data_wait_fraction > 0.5
+    seen = []
+    for attempt in range(3):
+        trained = engine.train(cfg(tmp_path, f"train{attempt}", steps=19, timing_warmup=1))
+        b = bench.bench(cfg(tmp_path, f"bench{attempt}", steps=19, timing_warmup=1), steps=18, window=6,
+                        measures=("full",))
+        assert b.figures["full"].windows == 3
+        assert b.full_data_wait_fraction > 0.5 and trained.data_wait_fraction > 0.5
+        seen.append(f"train {trained.throughput_img_s:.0f} img/s | bench {b.summary()}")
+        if b.img_s("full") == pytest.approx(trained.throughput_img_s, rel=0.15):
+            return
+    pytest.fail("bench FULL and train disagreed in three pairs of runs:\n" + "\n".join(seen))
 
 
 @pytest.mark.parametrize("kw, says", [
