@@ -67,7 +67,7 @@ def test_heavy_model_is_compute_bound(tiny_cfg, model_seconds):
     model_seconds(0.08)  # 200 img/s; the input gives thousands
     r = run_bench(tiny_cfg)
     assert r.bound == "compute" and r.verdict.startswith("compute-bound: FULL"), r.summary()
-    assert r.img_s("full") <= 1.25 * r.img_s("synthetic")
+    assert r.img_s("full") <= 1.25 * r.figures["synthetic"].img_s_high, r.summary()  # its fastest window: see above
     assert "on a CPU the step is the limit" in r.verdict
 
 
