@@ -304,7 +304,8 @@ def _tools(r: Resources, site: Site) -> list[tuple[str, str]]:
     if r.nsys:
         tools.append(("nsys", f"{where} (e.g. module load nsight-systems, or the CUDA module that ships it)"))
     if r.line_profile:
-        tools.append(("kernprof", f"pip install line_profiler into the environment that {where} activates"))
+        tools.append(("kernprof", f"pip install line_profiler into the environment the job activates (the setup "
+                                  f"of site profile '{site.name}')"))
     return tools
 
 
