@@ -97,7 +97,7 @@ def test_the_baseline_runs_of_one_card_are_compared_with_notebook_01s(tmp_path):
     reference.write("04_ladder", {"rows": [{"rung": "fp32", "batch": 256, "step_ms": 36.5, "step_ms_p10": 36.4,
                                             "step_ms_p90": 36.7, "img_s": 7_000.0, "skipped": None}]}, **common)
     lines = evidence.baseline_lines(evidence.baseline_runs(tmp_path))
-    assert lines[0] == "NVIDIA H100:" and "x1.27, faster than 01_baseline" in lines[2] and "60 steps" in lines[2]
+    assert lines[0] == "NVIDIA H100, torch 2.11.0:" and "(noise band ±5%)" in lines[1] and "x1.27, faster than 01_baseline" in lines[2] and "60 steps" in lines[2]
     assert "within noise of 01_baseline" in lines[3]
     assert "has not run on a GPU yet" in evidence.baseline_check_lines(tmp_path)[0]
 
@@ -114,3 +114,6 @@ def test_the_baseline_study_runs_small_and_writes_its_record(tmp_path):
     assert f["engine_long_new_epoch_windows"] == [2]
     assert lines[0].startswith("On CPU (small mode)") and "switched on after those steps" in lines[2]
     assert "window by window" in lines[-2] and "windows that begin an epoch" in lines[-1]
+    steady = [w for i, w in enumerate(f["engine_long_window_ms"]) if i != 2]  # the epoch's start is no drift
+    assert f"first {steady[0]:.1f} ms, last {steady[-1]:.1f} ms per step (of the windows that begin no epoch)" in \
+        lines[-2], lines[-2]

@@ -158,26 +158,29 @@ def baseline_lines(runs: list[dict]) -> list[str]:
     for card in dict.fromkeys(r["card"] for r in runs):
         same = [r for r in runs if r["card"] == card]
         first = same[0]
-        lines.append(f"{card}:")
+        lines.append(f"{card}, torch {', '.join(dict.fromkeys(r['torch'] for r in same))}:")
         for r in same:
             f = r["figure"]
             said = "" if r is first else "  " + noise.versus(f, first["figure"]).replace(
                 "faster", f"faster than {first['name']}").replace("slower", f"slower than {first['name']}").replace(
                 "within noise", f"within noise of {first['name']}")
             lines.append(f"  {r['name']:18s} median step {r['median_ms']:5.1f} ms, {f.value:7,.0f} img/s "
-                         f"(±{100 * f.spread:.0f}%), {r['date']}{said}  | {r['what']}")
+                         f"(noise band ±{100 * f.spread:.0f}%), {r['date']}{said}  | {r['what']}")
     return lines
 
 
 def window_lines(windows: list[float], new_epoch: list[int] | None) -> list[str]:
-    """The long run's windows: first and last (does it slow down as the card heats up?), and those that begin a
-    new pass over the DataLoader (its workers start again, unless persistent) against the others."""
+    """The long run's windows: the first and last of those that begin no epoch (does it slow down as the card
+    heats up?), and those that begin a new pass over the DataLoader (its workers start again, unless persistent)
+    against the others."""
     if not windows:
         return []
-    lines = [f"  the 1,500-step run window by window: first {windows[0]:.1f} ms, last {windows[-1]:.1f} ms per step"]
     begins = set(new_epoch or ())
     starts = [w for i, w in enumerate(windows) if i in begins]
     others = [w for i, w in enumerate(windows) if i not in begins]
+    steady = others or windows
+    lines = [f"  the 1,500-step run window by window: first {steady[0]:.1f} ms, last {steady[-1]:.1f} ms per step"
+             + (" (of the windows that begin no epoch)" if starts and others else "")]
     if starts and others:
         lines.append(f"  windows that begin an epoch (new DataLoader workers) {statistics.mean(starts):.1f} ms per "
                      f"step, the others {statistics.mean(others):.1f} ms ({len(starts)} and {len(others)} windows)")
@@ -200,7 +203,7 @@ def baseline_check_lines(folder=None) -> list[str]:
     for name, what in (("engine_60", "60 steps"), ("engine_rung", "04's rung"), ("engine_long", "1,500 steps")):
         band = noise.step_band(f[f"{name}_img_s"], f[f"{name}_median_ms"], f[f"{name}_p10_ms"], f[f"{name}_p90_ms"])
         lines.append(f"  engine, {what:12s} median step {f[f'{name}_median_ms']:.1f} ms, {band.value:,.0f} img/s "
-                     f"(±{100 * band.spread:.0f}%)")
+                     f"(noise band ±{100 * band.spread:.0f}%)")
     lines += window_lines(f.get("engine_long_window_ms") or [], f.get("engine_long_new_epoch_windows"))
     if "engine_long_start_sm_clock_mhz" in f:
         lines.append(f"  its GPU: SM clock {f['engine_long_start_sm_clock_mhz']:.0f} -> "
