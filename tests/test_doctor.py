@@ -84,6 +84,16 @@ def test_unknown_reservation_is_refused_by_sbatch_test_only():
     assert check.status == "FAIL" and "reservation" in check.message, status(check)
 
 
+def test_a_controller_that_is_down_is_named_not_its_banner(monkeypatch):
+    """scontrol ping prints its news between lines of asterisks; the check showed the last line: '(*****)'."""
+    out = "Slurmctld(primary) at vm is DOWN\n" + "*" * 41 + "\n** RESTORE SLURMCTLD DAEMON TO SERVICE **\n" + "*" * 41
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(sitecheck, "run_command", lambda cmd, timeout, cwd=None: (1, out))
+    said = Context(Options()).slurm
+    assert said == "the Slurm controller does not answer (Slurmctld(primary) at vm is DOWN)", said
+    assert sitecheck.first_words("") == "no output"
+
+
 @pytest.mark.parametrize("minimum, expected", [(1, "PASS"), (10**9, "FAIL")])
 def test_shm_below_the_minimum_fails(minimum, expected):
     check = doctor.check_shm(Context(Options(shm_min_mib=minimum)))
@@ -268,3 +278,12 @@ def test_keep_going_lists_every_failed_cell_of_an_executed_notebook(tmp_path):
     nb.cells = nb.cells[:2]
     nbformat.write(nb, tmp_path / "clean.ipynb")
     assert run_notebooks.cell_errors(tmp_path / "clean.ipynb") == []
+
+
+def test_the_environment_report_says_shapes_is_generated_and_names_each_staged_dataset(tmp_path, capsys):
+    from tutorial_lib import report
+
+    r = report.env_report(data_dir=str(tmp_path))
+    report.print_report(r)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("datasets: "))
+    assert line.startswith("datasets: shapes (generated in memory, nothing to stage), cifar10 missing"), line

@@ -72,4 +72,6 @@ def print_report(r: dict) -> None:
     print(f"Slurm commands: {', '.join(have) if have else 'none (jobs can be written here, submitted elsewhere)'}")
     if s["in_job"]:
         print("inside Slurm job: " + ", ".join(f"{k}={v}" for k, v in s["in_job"].items()))
-    print("datasets: " + ", ".join(f"{k} {'staged' if ok else 'missing'}" for k, ok in r["datasets"].items()))
+    said = {True: "staged", False: "missing"}
+    print("datasets: " + ", ".join("shapes (generated in memory, nothing to stage)" if k == "shapes" else
+                                   f"{k} {said[ok]}" for k, ok in r["datasets"].items()))

@@ -56,6 +56,13 @@ def run_command(cmd: list[str], timeout: float, cwd: Path | None = None) -> tupl
     return p.returncode, (p.stdout + p.stderr).strip()
 
 
+def first_words(out: str) -> str:
+    """The first line of a command's output that says something: scontrol frames its news in lines of asterisks
+    ("Slurmctld(primary) at vm is DOWN", then "*****")."""
+    lines = [line.strip(" *") for line in out.splitlines()]
+    return next((line[:120] for line in lines if line), "no output")
+
+
 def shown(path: str | os.PathLike) -> str:
     """A path as the table shows it: relative to the workbook or ~, never a machine path when avoidable."""
     p = Path(os.path.abspath(path))
@@ -84,7 +91,7 @@ class SiteFacts:
         code, out = run_command(["scontrol", "ping"], self.opts.timeout)
         if code == 0 and "UP" in out:
             return None
-        return f"the Slurm controller does not answer ({(out.splitlines() or ['no output'])[-1][-120:]})"
+        return f"the Slurm controller does not answer ({first_words(out)})"
 
     @cached_property
     def partitions(self) -> dict[str, str]:
