@@ -62,6 +62,21 @@ def test_engine_and_bare_loop_are_measured_in_alternated_pairs(monkeypatch, tmp_
     assert evidence.engine_vs_bare(TINY, pairs=2, overrides={"device": "cpu"})["verdict"] == "the engine is slower than the bare loop"
 
 
+def test_engine_and_bare_loop_pairs_leave_the_ladders_runs_alone(monkeypatch):
+    """Section 7's pairs train the gpu_resident rung again: into their own folder, or the table gathered from
+    runs/04_ladder in section 9 would show the pairs' short single-thread run instead of section 2's rung."""
+    out_dirs = []
+
+    def fake_measure(rung, cfg):
+        out_dirs.append(cfg.out_dir)
+        return {"step_ms_p10": 10.0, "device": "CPU (test)"}
+    monkeypatch.setattr(ladder, "measure", fake_measure)
+    evidence.engine_vs_bare(TINY, pairs=2, timed=2, overrides={"device": "cpu"})
+    ladder_dir = ladder.base_config(TINY).out_dir
+    assert out_dirs and all(not d.startswith(ladder_dir + "/") for d in out_dirs)
+    assert all(d.startswith(evidence.ENGINE_VS_BARE_DIR + "/") for d in out_dirs)
+
+
 def test_engine_and_bare_loop_really_run_on_a_cpu(tmp_path):
     got = evidence.engine_vs_bare(TINY, pairs=1, timed=2, overrides={"out_dir": str(tmp_path), "device": "cpu"})
     assert len(got["ratios"]) == 1 and got["ratios"][0] > 0 and "CPU" in got["device"]

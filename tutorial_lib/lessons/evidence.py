@@ -30,6 +30,10 @@ def largest_gain(rows: list[dict], among: list[str] | None = None) -> tuple[str,
     return rung, ratio, said[rung]
 
 
+# The pairs' own folder: in runs/04_ladder they would replace the gpu_resident rung that ladder.gather reads.
+ENGINE_VS_BARE_DIR = "runs/04_engine_vs_bare"
+
+
 def engine_vs_bare(sizes: ladder.Sizes, pairs: int = 3, timed: int = 6, overrides: dict | None = None,
                    threads: int | None = None) -> dict:
     """The last rung in the engine and in the bare loop, measured in `pairs` pairs in this process with the order
@@ -39,7 +43,8 @@ def engine_vs_bare(sizes: ladder.Sizes, pairs: int = 3, timed: int = 6, override
     during the pairs (1 on a small shared CPU: every parallel operation waits for all its threads, so one thread
     that loses its core stalls the whole step, in whichever run it happens). Returns each pair's ratio (engine /
     bare loop, images per second of the p10 step) and the verdict: within noise when the range of the ratios
-    (noise.FLOOR at least) holds 1."""
+    (noise.FLOOR at least) holds 1. The runs write under ENGINE_VS_BARE_DIR unless overrides name an out_dir."""
+    overrides = {"out_dir": ENGINE_VS_BARE_DIR, **(overrides or {})}
     plan = {rung.name: (rung, cfg) for rung, cfg, _ in ladder.configs(sizes, overrides, ladder.device_type(overrides))}
     (engine_rung, cfg), (bare_rung, _) = plan["gpu_resident"], plan["bare_loop"]
     cfg = cfg.replace(steps=cfg.timing_warmup + timed)
