@@ -125,19 +125,43 @@ def stated(name: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+CARD_CALL = re.compile(r"\btl\.card\((.*)")
+DDP_GPUS_ARG = re.compile(r"\bddp_gpus\s*=\s*([\w.]+)")
+
+
+def _card_ddp_gpus(cells: list[dict], source: str) -> bool:
+    """Whether a cell's tl.card call measures DDP on a node with the GPUs: its ddp_gpus is left out (auto) or is
+    not 0, where a name is looked up in the notebook's cells (DDP_GPUS = 0). A cell that catches tl.UserError shows
+    the card refusing its input, before anything runs."""
+    if "except tl.UserError" in source:
+        return False
+    for call in CARD_CALL.findall(source):
+        arg = DDP_GPUS_ARG.search(call)
+        value = arg.group(1) if arg else "None"
+        if not value.isdigit() and value != "None":
+            code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+            found = re.findall(rf"^{re.escape(value)}\s*=\s*(\w+)", code, re.M)
+            value = found[-1] if found else "None"
+        if value != "0":
+            return True
+    return False
+
+
 def gpu_cells(name: str) -> dict[int, str]:
     """Cell index -> how many GPUs it uses when it has them: '2+' where it tests for at least two, 'all' where it
-    uses every GPU of the node (tl.launch, DataParallel on every GPU, a sweep over the GPU counts)."""
-    out = {}
-    for i, cell in enumerate(_cells(name)):
+    uses every GPU of the node (tl.launch, DataParallel on every GPU, a sweep over the GPU counts), '2 or 4' where
+    a card measures DDP (on 2 GPUs, or on 4 where the node has 4 or more: lessons/card_ddp.py)."""
+    out, cells = {}, _cells(name)
+    for i, cell in enumerate(cells):
         source = "".join(cell["source"]) if cell["cell_type"] == "code" else ""
         at_least = re.findall(r"(?:S\.gpus|device_count\(\))\s*>=\s*(\d+)", source)
         if at_least:
             out[i] = f"{max(map(int, at_least))}+"
-        elif re.search(r"nproc\s*=|S\.gpus|NPROC|GPUS\b", source):
+        elif re.search(r"nproc\s*=|S\.gpus|NPROC|\bGPUS\b", source):  # not DDP_GPUS, the card's parameter
             out[i] = "all"
+        elif _card_ddp_gpus(cells, source):
+            out[i] = "2 or 4"
     return out
-
 
 
 def _markdown(name: str) -> list[str]:
@@ -265,8 +289,10 @@ def plan() -> str:
         f"({total(day1, 'core', 'optional'):.0f} min), day 2 {span(day2)} with theirs "
         f"({total(day2, 'core', 'optional'):.0f} min); exercises fill the rest.",
         "",
-        "**GPUs:** every notebook runs on a node with 0, 1, 2 or 4 GPUs; on one GPU, a cell of the last column shows "
-        "the reference run's figures or writes the job that runs it; `all` uses every GPU of the node."])
+        "**GPUs:** every notebook runs on a node with 0, 1, 2 or 4 GPUs. On one GPU, a cell marked `all` or `2+` "
+        "shows the reference run's figures or writes the job that runs it; `all` uses every GPU of the node. A cell "
+        "marked `2 or 4` is a card that measures DDP on 2 GPUs, or on 4 where the node has 4 or more; on fewer than "
+        "2 it prints a line saying it was not measured."])
 
 
 def write_headers(check: bool = False) -> list[str]:

@@ -1,0 +1,33 @@
+"""scripts/instructor_figures.py: which cells of a notebook the guide's plan says use more than one GPU."""
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import instructor_figures as guide  # noqa: E402
+
+
+def _code(*sources: str) -> list[dict]:
+    return [{"cell_type": "code", "source": s} for s in sources]
+
+
+def test_a_parameter_named_ddp_gpus_is_not_a_sweep_over_the_gpus(monkeypatch):
+    """07's DDP_GPUS = 0 and ddp_gpus=DDP_GPUS once read as 'all' (the pattern GPUS matched inside DDP_GPUS); the
+    card left at its default (auto) measures DDP on 2 or 4 GPUs."""
+    cells = _code("DDP_GPUS = 0  # a parameter",
+                  "card = tl.card(GPT, TOKENS, quiet=True)",
+                  "card = tl.card(MODEL, IMAGES, quiet=True, ddp_gpus=DDP_GPUS)",
+                  "again = tl.card(GPT, doubled, quiet=True, ddp_gpus=0)",
+                  "try:\n    tl.card(MODEL, lambda: {})\nexcept tl.UserError as e:\n    print(e)",
+                  "GPUS = [n for n in (1, 2, 4) if n <= S.gpus]",
+                  "tl.scaling.weak_sweep(cfg, GPUS)")
+    monkeypatch.setattr(guide, "_cells", lambda name: cells)
+    assert guide.gpu_cells("any") == {1: "2 or 4", 5: "all", 6: "all"}
+    cells[0]["source"] = "DDP_GPUS = None  # measure it too"
+    assert guide.gpu_cells("any") == {1: "2 or 4", 2: "2 or 4", 5: "all", 6: "all"}
+
+
+def test_notebook_07_names_its_one_card_that_measures_ddp():
+    found = guide.gpu_cells("07_your_own_model")
+    assert list(found.values()) == ["2 or 4"]
+    assert "tl.card(GPT, TOKENS, quiet=True)" in "".join(guide._cells("07_your_own_model")[next(iter(found))]["source"])
