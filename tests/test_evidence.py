@@ -132,3 +132,14 @@ def test_the_baseline_study_runs_small_and_writes_its_record(tmp_path):
     steady = [w for i, w in enumerate(f["engine_long_window_ms"]) if i != 2]  # the epoch's start is no drift
     assert f"first {steady[0]:.1f} ms, last {steady[-1]:.1f} ms per step (of the windows that begin no epoch)" in \
         lines[-2], lines[-2]
+
+
+def test_bf16_is_judged_against_fp32_and_against_the_row_it_changes():
+    """On a GPU bf16 changes the TF32 row: x1.15 over TF32 is not x1.15 over fp32 (one H200 run: x2.62 over fp32)."""
+    gpu = [row("fp32", 8_850, 28.9, 28.86, 28.95), row("tf32", 20_225, 12.66, 12.63, 12.68),
+           row("bf16", 23_191, 11.04, 11.02, 11.05)]
+    assert evidence.bf16_line(gpu) == "x2.62, faster than fp32; x1.15, faster than tf32 (the row it changes)"
+    cpu = [row("fp32", 186, 84.5, 81.3, 91.9), row("tf32", 0, skipped="CPU"), row("bf16", 198, 79.3, 77.6, 84.5)]
+    assert evidence.bf16_line(cpu) == "x1.06, within noise of fp32"  # TF32 skipped: fp32 is the row it changes
+    assert evidence.bf16_line(cpu[:2]) == "not measured"
+    assert ladder.against(gpu, "tf32", "fp32") == ladder.verdicts(gpu)["tf32"]

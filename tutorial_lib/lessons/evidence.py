@@ -30,6 +30,20 @@ def largest_gain(rows: list[dict], among: list[str] | None = None) -> tuple[str,
     return rung, ratio, said[rung]
 
 
+def bf16_line(rows: list[dict]) -> str:
+    """bf16 against fp32 and, where a row between them was measured (TF32 on a GPU), against the row it changes:
+    on one GPU run bf16 can be far faster than fp32 and only a little faster than TF32, so each verdict names
+    its baseline."""
+    got = {r["rung"] for r in rows if not r["skipped"]}
+    if not {"fp32", "bf16"} <= got:
+        return "not measured"
+    words = [ladder.against(rows, "bf16", "fp32")]
+    base = ladder.compared_with(rows).get("bf16", "fp32")
+    if base != "fp32":
+        words.append(f"{ladder.against(rows, 'bf16', base)} (the row it changes)")
+    return "; ".join(words)
+
+
 # The pairs' own folder: in runs/04_ladder they would replace the gpu_resident rung that ladder.gather reads.
 ENGINE_VS_BARE_DIR = "runs/04_engine_vs_bare"
 

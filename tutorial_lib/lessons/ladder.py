@@ -290,13 +290,16 @@ def compared_with(rows: list[dict]) -> dict[str, str]:
 def verdicts(rows: list[dict]) -> dict[str, str]:
     """rung -> its img/s against the row it changes, with the verdict of noise.versus: 'x2.14, faster than
     fp32' or 'x1.07, within noise of bf16' (the bands of their step times overlap)."""
+    return {rung: against(rows, rung, base) for rung, base in compared_with(rows).items()}
+
+
+def against(rows: list[dict], rung: str, base: str) -> str:
+    """The measured row `rung` against the measured row `base`: 'x2.62, faster than fp32', 'x1.09, within noise
+    of tf32' (noise.versus, the baseline named)."""
     got = {r["rung"]: r for r in rows if not r["skipped"]}
-    out = {}
-    for rung, base in compared_with(rows).items():
-        text = noise.versus(figure(got[rung]), figure(got[base]))
-        out[rung] = text.replace("within noise", f"within noise of {base}").replace("faster", f"faster than {base}") \
-            .replace("slower", f"slower than {base}")
-    return out
+    text = noise.versus(figure(got[rung]), figure(got[base]))
+    return text.replace("within noise", f"within noise of {base}").replace("faster", f"faster than {base}") \
+        .replace("slower", f"slower than {base}")
 
 
 # ------------------------------------------------------------------------------------------------ as a batch job
