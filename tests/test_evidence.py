@@ -143,3 +143,29 @@ def test_bf16_is_judged_against_fp32_and_against_the_row_it_changes():
     assert evidence.bf16_line(cpu) == "x1.06, within noise of fp32"  # TF32 skipped: fp32 is the row it changes
     assert evidence.bf16_line(cpu[:2]) == "not measured"
     assert ladder.against(gpu, "tf32", "fp32") == ladder.verdicts(gpu)["tf32"]
+
+
+def test_the_gpu_precision_race_is_rebuilt_from_its_reference_record():
+    """A learner without a GPU sees the race's answer: the recorded seeds, judged by today's rule."""
+    record = {"card": "NVIDIA H200", "gpus": 1, "torch": "2.11.0+cu130", "date": "2026-11-27", "figures": {
+        "dataset": "shapes_hard", "steps": 300, "seeds": [0, 1, 2], "target": 0.8,
+        "fp32_accuracy": [0.95, 0.95, 0.97], "fp32_images_to_target": [30720, None, 38400],
+        "fp32_last_loss": [0.07, 0.06, 0.08], "fp32_accuracy_verdict": "old words",
+        "bf16_accuracy": [0.98, 0.99, 0.985], "bf16_images_to_target": [46080, 38400, 53760],
+        "bf16_last_loss": [0.06, 0.056, 0.081], "fp16_accuracy": [0.96, 0.96, 0.90],
+        "fp16_images_to_target": [30720, 38400, 46080], "fp16_last_loss": [0.07, 0.05, 0.09],
+        "fp16_skipped_steps": [0, 0, 1]}}
+    rows = evidence.precision_reference(record)
+    assert [r["precision"] for r in rows] == ["fp32", "bf16", "fp16"]
+    said = {r["precision"]: r["accuracy_verdict"] for r in rows}
+    assert said == {"fp32": "the reference", "bf16": "higher than fp32, beyond the seed spread",
+                    "fp16": "its seeds overlap fp32's: no difference shown"}
+    assert rows[2]["skipped_steps"] == [0, 0, 1] and rows[2]["loss_verdict"].startswith("its seeds overlap")
+    table = evidence.precision_table(rows, 0.8)
+    assert "| bf16 | 98.0, 99.0, 98.5 % | higher than fp32" in table and "not reached" in table
+
+
+def test_the_committed_precision_reference_makes_a_table():
+    rec = reference.load("04_mixed_precision")
+    rows = evidence.precision_reference(rec)
+    assert rows[0]["precision"] == "fp32" and len(evidence.precision_table(rows, rec["figures"]["target"]).split("\n")) == 2 + len(rows)

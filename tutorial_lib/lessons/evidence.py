@@ -123,6 +123,20 @@ def precision_verdicts(runs: dict, target: float, against: str = "fp32", tail: i
              "skipped_steps": [r.fp16_skipped_steps for r in rs], "device": rs[0].device} for p, rs in runs.items()]
 
 
+def precision_reference(record: dict) -> list[dict]:
+    """The precision race as a GPU reference run recorded it (notebook 04's race cell), as rows for
+    precision_table: each precision judged again against fp32 by the spread of its seeds, as precision_verdicts
+    does (the record keeps each seed's figures, so the words follow the rule of today's workbook)."""
+    f = record["figures"]
+    got = [p for p in ("fp32", "bf16", "fp16") if f"{p}_accuracy" in f]
+    acc = {p: f[f"{p}_accuracy"] for p in got}
+    loss = {p: f[f"{p}_last_loss"] for p in got}
+    said_acc, said_loss = _judge(acc, "fp32", "higher", "lower"), _judge(loss, "fp32", "higher", "lower")
+    return [{"precision": p, "accuracy": acc[p], "images_to_target": f[f"{p}_images_to_target"], "last_loss": loss[p],
+             "accuracy_verdict": said_acc[p], "loss_verdict": said_loss[p],
+             "skipped_steps": f.get(f"{p}_skipped_steps")} for p in got]
+
+
 def precision_table(rows: list[dict], target: float) -> str:
     """The comparison as a Markdown table: one row per precision, the seeds' values side by side."""
     def seeds(values, fmt):
