@@ -336,7 +336,8 @@ def failure_line(e: BaseException) -> str:
 
 # ---------------------------------------------------------------------------------------- the advice
 def recommend(rows: list[dict], plan: list[tuple]) -> dict:
-    """The earliest rung within noise of the fastest one (fewest changes for the same speed), its config and the
+    """The earliest rung within noise of the fastest one (as fast as the noise rule can tell; the rungs stack, so it
+    keeps every change below it, one that measured slower too: the page names those), its config and the
     keys it changes from the fp32 rung."""
     measured = [r for r in rows if not r["skipped"]]
     best = max(measured, key=lambda r: r["img_s"])

@@ -45,8 +45,6 @@ class Card:
         p, rec, r = self.probe, self.recommended, self.recommended["row"]
         f = self.bench["figures"]
         io_syn_full = " / ".join(_band(f[m]) if m in f else "-" for m in bench.MEASURES)
-        changes = " ".join(f"{k}={_word(v)}" for k, v in rec["changes"].items()) or "the fp32 baseline as it is"
-        mfu = f", MFU {100 * r['mfu']:.1f}%" if r.get("mfu") else ", MFU n/a (no datasheet peak for this device)"
         b = self.ddp["bandwidth"]
         preds = " / ".join(f"{x['efficiency_exposed']:.2f}-{x['efficiency_hidden']:.2f}" for x in self.ddp["rows"])
         gpus = "/".join(str(x["gpus"]) for x in self.ddp["rows"])
@@ -56,10 +54,9 @@ class Card:
                       f"target {p['target']} -> output {p['output']}; loss {self.specs['loss'] or self.specs['loss_rule']}"),
             ("batches", f"{p['source']}; batch {p['batch']}"),
             ("IO / SYNTHETIC / FULL (fp32, samples/s)", io_syn_full),
-            ("what bounds the step", self.bench["verdict"] or "-"),
+            ("what bounds the step", _banded_verdict(self.bench["verdict"], f) or "-"),
             ("FLOPs per sample (training step)", _flops(p["flops_per_sample"])),
-            ("recommended", f"{rec['rung']}: {changes} -> {r['img_s']:,.1f} samples/s, x{r['speedup']:.2f} fp32{mfu}"
-                            + (f" (within noise of the fastest, {rec['fastest']})" if rec["fastest"] != rec["rung"] else "")),
+            ("recommended", self.recommended_line()),
             ("peak memory (recommended, batch %d)" % p["batch"], f"{fmt(r.get('peak_mb'), ',.0f', 'n/a on a CPU')}"
                                                                  + (" MB" if r.get("peak_mb") else "")),
             ("largest batch that fits", f"{largest:,} ({self.memory['why']})" if largest else self.memory["why"]),
@@ -75,8 +72,34 @@ class Card:
             ("training job", self.job.get("path") or self.job["why"]),
         ]
 
+    def recommended_line(self) -> str:
+        """The recommended rung, what it changes from fp32 and its figures; beside a faster rung, the two bands that
+        overlap; and the changes below it that gained nothing, which it keeps (the rungs stack)."""
+        rec, r = self.recommended, self.recommended["row"]
+        changes = " ".join(f"{k}={_word(v)}" for k, v in rec["changes"].items()) or "the fp32 baseline as it is"
+        mfu = f", MFU {100 * r['mfu']:.1f}%" if r.get("mfu") else ", MFU n/a (no datasheet peak for this device)"
+        line = f"{rec['rung']}: {changes} -> {r['img_s']:,.1f} samples/s, x{r['speedup']:.2f} fp32{mfu}"
+        if rec["fastest"] != rec["rung"]:
+            best = next(x for x in self.rows if x["rung"] == rec["fastest"])
+            line += (f" (within noise of the fastest, {rec['fastest']}: its band {_range(ladder.figure(best))} "
+                     f"overlaps this one's {_range(ladder.figure(r))} samples/s)")
+        kept = self.kept_without_gain()
+        if kept:
+            line += ("; it keeps every change below it, these without a gain beyond noise too: " + ", ".join(f"{k} ({self.verdicts[k]})" for k in kept))
+        return line
+
+    def kept_without_gain(self) -> list[str]:
+        """The measured rungs up to the recommended one (their changes stack in it) that were not faster than the row
+        they change beyond noise (noise.relation)."""
+        rows, upto = [x for x in self.rows if not x["skipped"]], self.recommended["rung"]
+        rows = rows[:[x["rung"] for x in rows].index(upto) + 1]
+        base = ladder.compared_with(self.rows)
+        got = {x["rung"]: x for x in rows}
+        return [x["rung"] for x in rows if x["rung"] in base and base[x["rung"]] in got
+                and noise.relation(ladder.figure(x), ladder.figure(got[base[x["rung"]]])) != ">"]
+
     def rung_table(self) -> str:
-        head = ["rung", "change", "samples/s (± spread)", "x fp32", "against the row it changes", "step ms",
+        head = ["rung", "change", "samples/s (band)", "x fp32", "against the row it changes", "step ms",
                 "peak MB", "MFU", "compile s"]
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in self.rows:
@@ -85,7 +108,7 @@ class Card:
                 cells += [""] * (len(head) - 3)
             else:
                 fig = ladder.figure(r)
-                cells = [r["rung"], r["change"], f"{r['img_s']:,.1f} (±{100 * fig.spread:.0f}%)",
+                cells = [r["rung"], r["change"], band(fig),
                          fmt(r.get("speedup"), ".2f"), self.verdicts.get(r["rung"], "-"), f"{r['step_ms']:.2f}",
                          fmt(r["peak_mb"], ",.0f"), fmt(r["mfu"] and 100 * r["mfu"], ".1f") + ("%" if r["mfu"] else ""),
                          fmt(r["compile_s"], ".1f", "-")]
@@ -95,8 +118,10 @@ class Card:
     def markdown(self) -> str:
         head = f"## Card: {self.name} on {self.device} (torch {self.torch_version})"
         rows = ["| | |", "|---|---|"] + [f"| {k} | {str(v).replace('|', '/')} |" for k, v in self.summary_rows()]
-        note = (f"Each rung is one change on top of the last rung that ran; a difference smaller than the spread of "
-                f"the step times is within noise (at least ±{100 * noise.FLOOR:.0f}%). Measured in {self.wall_s:.0f} s"
+        note = (f"Each rung is one change on top of the last rung that ran, and keeps every change below it. A rung's "
+                f"band runs from its p90 to its p10 step time (IO / SYNTHETIC / FULL: the slowest to the fastest "
+                f"window), widened to at least ±{100 * noise.FLOOR:.0f}%; two figures are within noise when their bands "
+                f"overlap. Recommended is the earliest rung within noise of the fastest. Measured in {self.wall_s:.0f} s"
                 + self.phases() + ".")
         return "\n".join([head, "", *rows, "", self.rung_table(), "", note])
 
@@ -119,6 +144,28 @@ class Card:
         record = {k: v for k, v in asdict(self).items()}
         return (atomic_write_text(Path(out) / "card.json", json.dumps(record, indent=1, default=str)),
                 atomic_write_text(Path(out) / "card.md", self.markdown() + "\n"))
+
+
+def reference_pages(folder: str | Path | None = None) -> dict[Path, str]:
+    """notebooks/reference/07_card_<model>.md, each the page of the card.json that scripts/gpu/cards.sh wrote on a
+    GPU node, kept in cards/card_<model>.json: rendered again from its stored figures, so that the pages read as
+    today's card prints them. The job is named by its file name (the node's folder was not kept)."""
+    from .. import reference
+
+    where = Path(folder or reference.FOLDER)
+    pages = {}
+    for path in sorted((where / "cards").glob("card_*.json")):
+        record = json.loads(path.read_text())
+        if record["job"].get("path"):
+            record["job"] = {**record["job"], "path": f"{Path(record['job']['path']).name} (beside card.json)"}
+        pages[where / f"07_{path.stem}.md"] = Card(**record).markdown() + "\n"
+    return pages
+
+
+def write_reference_pages(folder: str | Path | None = None) -> list[Path]:
+    """Write reference_pages (python -c 'from tutorial_lib.lessons import card_report as c; c.write_reference_pages()'),
+    then docs/performance.md (python -m tutorial_lib ladder --doc), which shows them."""
+    return [atomic_write_text(path, text) for path, text in reference_pages(folder).items()]
 
 
 def measured_line(measured: dict, predicted: list[dict]) -> str:
@@ -153,12 +200,33 @@ def _bound_only(verdict: str | None) -> str | None:
     return bound + " — the rungs below measure what each change buys" if " — " in verdict else bound
 
 
-def _band(m: dict) -> str:
-    """A figure and its spread; windows that differ by more than the figure itself as their range."""
-    f = noise.Figure.of(m["img_s"], m["img_s_low"], m["img_s_high"])
+def band(f: noise.Figure) -> str:
+    """A figure and its band as it is, the side below and the side above: '1,244.6 (±5%)' when the two round to the
+    same percent, '5,523.2 (-5%/+15%)' when not; a band wider than the figure itself as its range."""
+    below, above = 100 * (1 - f.low / f.value), 100 * (f.high / f.value - 1)
     if f.spread >= 1:
-        return f"{m['img_s']:,.1f} (windows {m['img_s_low']:,.0f} to {m['img_s_high']:,.0f})"
-    return f"{m['img_s']:,.1f} (±{100 * f.spread:.0f}%)"
+        return f"{f.value:,.1f} (windows {f.low:,.0f} to {f.high:,.0f})"
+    if round(below) == round(above):
+        return f"{f.value:,.1f} (±{below:.0f}%)"
+    return f"{f.value:,.1f} (-{below:.0f}%/+{above:.0f}%)"
+
+
+def _band(m: dict) -> str:
+    """A bench figure (slowest to fastest window, noise.FLOOR at least) and its band."""
+    return band(noise.Figure.of(m["img_s"], m["img_s_low"], m["img_s_high"]))
+
+
+def _range(f: noise.Figure) -> str:
+    return f"{f.low:,.0f}-{f.high:,.0f}"
+
+
+def _banded_verdict(verdict: str | None, figures: dict) -> str | None:
+    """The bench's verdict with each figure printed as the row above prints it (the bench prints its windows'
+    spread without the floor, so '±0%' stood below '±5%' for the same figure)."""
+    for m, fig in figures.items():
+        said = bench._figure(bench.Measurement(**{**fig, "per_rank_img_s": fig.get("per_rank_img_s", [])}))
+        verdict = verdict and verdict.replace(f"{m.upper()} {said}", f"{m.upper()} {_band(fig)}")
+    return verdict
 
 
 def _mb(nbytes: float) -> str:
