@@ -309,3 +309,17 @@ def test_roofline_rates_the_tensor_core_kernels_against_the_cards_peak_and_says_
     doc = perfdoc.performance_doc([rec], [roof])
     assert "### Kernel classes against the roofline" in doc and "| tensor-core convolutions and matmuls |" in doc
     assert "### Kernel classes" not in perfdoc.performance_doc([rec], [{**roof, "card": "NVIDIA H200"}])
+
+
+def test_notebook_04_shows_the_reference_of_the_card_in_use(tmp_path):
+    """On a card with its own reference run (04_ladder_h200.json) the cells show that card's ladder, not the
+    default file's (an H100); on a CPU, or on a card no run has measured, the default."""
+    for name in ("04_ladder", "04_ladder_h200", "04_roofline"):
+        (tmp_path / f"{name}.json").write_text("{}")
+    assert ladder.shown_reference("04_ladder", "NVIDIA H200", tmp_path) == "04_ladder_h200"
+    assert ladder.shown_reference("04_ladder", "NVIDIA H100 80GB HBM3", tmp_path) == "04_ladder"
+    assert ladder.shown_reference("04_roofline", "NVIDIA H200", tmp_path) == "04_roofline"
+    assert ladder.shown_reference("04_ladder", "CPU (AMD EPYC, 2 threads)", tmp_path) == "04_ladder"
+    (tmp_path / "04_ladder_cpu_amd_epyc_2_threads.json").write_text("{}")  # never a CPU's own file
+    assert ladder.shown_reference("04_ladder", "CPU (AMD EPYC, 2 threads)", tmp_path) == "04_ladder"
+    assert ladder.shown_reference("04_ladder", "NVIDIA H100 80GB HBM3") == "04_ladder_h100"  # the committed files

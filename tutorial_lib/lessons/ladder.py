@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from . import bench, noise, roofline
 from .size import Size
-from .. import config, data, engine, models, peaks, perfdoc, trace_summary
+from .. import config, data, engine, models, peaks, perfdoc, reference, trace_summary
 from ..config import TrainConfig, UserError, default_workers
 from ..meters import StepClock, timing_fields, untimed_steps
 from ..precision import autocast
@@ -417,6 +417,15 @@ def reference_names(prefix: str, device: str) -> tuple[str, str]:
     """The reference files a GPU run writes: the one the notebook reads and the card's own, e.g.
     ('04_ladder', '04_ladder_h200')."""
     return prefix, f"{prefix}_{card_slug(device)}"
+
+
+def shown_reference(prefix: str, device: str, folder=None) -> str:
+    """The reference notebook 04 shows on `device` (a name as engine.device_name gives it): the card's own run
+    where one was recorded ('04_ladder_h200' on an NVIDIA H200), else `prefix` (on a CPU, or on a card no
+    reference run has measured)."""
+    own = reference_names(prefix, device)[1]
+    on_gpu = not device.upper().startswith("CPU")
+    return own if on_gpu and reference.path(own, folder).is_file() else prefix
 
 
 def reference_figures(rows: list[dict], trace: dict) -> dict:
