@@ -51,3 +51,29 @@ def test_the_reference_pages_are_rendered_from_their_stored_cards():
     stale = [p.name for p, text in card_report.reference_pages().items() if not p.is_file() or p.read_text() != text]
     assert not stale, (f"{stale} are stale: python -c 'from tutorial_lib.lessons import card_report as c; "
                        "c.write_reference_pages()', then python -m tutorial_lib ladder --doc")
+
+
+def test_a_measured_efficiency_below_the_predicted_range_is_flagged():
+    """The H200 ViT-B/16 card measured 0.85 on 4 GPUs against a predicted 0.89-0.93: the two ends are no bound."""
+    row = dict(_card("vit_b_16").summary_rows())["DDP efficiency measured"]
+    assert row.startswith("0.85 on 4 GPUs") and "predicted 0.89-0.93: measured below the range" in row
+    assert "below the range" not in dict(_card("resnet50").summary_rows())["DDP efficiency measured"]  # 0.97 in 0.97-0.99
+
+
+def test_a_cpu_card_predicts_for_cpu_processes_and_says_so():
+    """A card made on a CPU predicted 'on 2/4/8 GPUs' from a CPU step and gloo's bandwidth, without a word."""
+    gpu = _card("resnet50")
+    cpu = Card(**{**json.loads((reference.FOLDER / "cards" / "card_resnet50.json").read_text()),
+                  "probe": {**gpu.probe, "device_type": "cpu"}})
+    row = next((k, v) for k, v in cpu.summary_rows() if k.startswith("DDP efficiency predicted"))
+    assert row[0] == "DDP efficiency predicted on 2/4/8 CPU processes (gloo)" and "it says nothing about GPUs" in row[1]
+    assert "DDP efficiency predicted on 2/4/8 GPUs" in dict(gpu.summary_rows())
+
+
+def test_without_two_gpus_the_card_says_how_many_it_would_measure_ddp_on(monkeypatch):
+    from tutorial_lib.lessons import card_ddp
+
+    monkeypatch.setattr(card_ddp.torch.cuda, "is_available", lambda: False)
+    gpus, why = card_ddp.gpus_to_measure(None)
+    assert gpus == 0 and "this node has 0 GPUs" in why and "every GPU" not in why
+    assert "on 1 GPU and on 2 (on 4 where the node has 4 or more)" in why

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from . import allreduce, card_report, cases, ladder, noise, scaling
 from ..config import TrainConfig, UserError
+from ..values import count
 from ..meters import untimed_steps
 
 ONE_PROCESS = ladder.Rung("ddp_one_process", "the recommendation as DDP in one process (world size 1)")
@@ -35,8 +36,9 @@ def gpus_to_measure(value) -> tuple[int, str | None]:
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if value is None or str(value).strip().lower() == "auto":
         if visible < 2:
-            return 0, (f"not measured: this node has {visible} GPU{'s' * (visible != 1)}; on a node with 2 or more "
-                       "the card trains its recommendation on 1 and on every GPU and prints the efficiency here")
+            return 0, (f"not measured: this node has {count(visible, 'GPU')}; on a node with 2 or more the card trains "
+                       "its recommendation on 1 GPU and on 2 (on 4 where the node has 4 or more) and prints the "
+                       "efficiency here")
         return cases.node_gpus(visible), None
     text = str(value).strip()
     if not text.isdigit() or int(text) == 1:

@@ -63,7 +63,7 @@ class Card:
             ("gradients all-reduced per step", f"{_mb(p['grad_bytes'])} (fp32)"),
             ("all-reduce bus bandwidth", f"{b['bus_gb_s']:.2f} GB/s between {b['where']}, messages of {_mb(b['nbytes'])}"),
             ("DDP in one process (its own cost)", one_process_line(self.ddp.get("one_process") or {"why": "not measured"})),
-            (f"DDP efficiency predicted on {gpus} GPUs", f"{preds} (from: nothing overlaps, to: the all-reduce "
+            (f"DDP efficiency predicted on {gpus} {_units(p)}", f"{preds} (from: nothing overlaps, to: the all-reduce "
                                                           "hides behind the backward pass" +
              ("; each rank's step as DDP's in one process" if (self.ddp.get("one_process") or {}).get("why") is None
               else "; DDP's own cost left out") + ")" + _floor_note(p, b)),
@@ -176,6 +176,11 @@ def measured_line(measured: dict, predicted: list[dict]) -> str:
     n, unit = measured["gpus"], measured.get("unit", "GPUs")
     pred = next((p for p in predicted if p["gpus"] == n), None)
     beside = (f"; predicted {pred['efficiency_exposed']:.2f}-{pred['efficiency_hidden']:.2f}" if pred else "")
+    if pred and round(measured["efficiency"], 2) < round(pred["efficiency_exposed"], 2):
+        beside += (": measured below the range. The prediction leaves out what it does not model: communication and "
+                   "compute slowing each other on the GPU, and ranks waiting for the slowest one")
+    elif pred and round(measured["efficiency"], 2) > round(pred["efficiency_hidden"], 2):
+        beside += ": measured above the range; the step and the bandwidth it was predicted from were measured in other runs"
     return (f"{measured['efficiency']:.2f} on {n} {unit} ({measured['ddp_samples_s']:,.1f} samples/s against "
             f"{n} x {measured['one_gpu_samples_s']:,.1f} on 1){beside}")
 
@@ -284,11 +289,19 @@ def write_job(specs: dict, rec_cfg: TrainConfig, jobs_dir, site: str | None, ste
             "site": site or jobs.default_site()}
 
 
-def _floor_note(probe: dict, bandwidth: dict) -> str:
-    """A GPU card whose all-reduce was timed between CPU processes (a node with one GPU): its prediction is for GPUs
-    that talk no faster than that, which NVLink or PCIe GPUs do not."""
-    if probe.get("device_type") != "cuda" or bandwidth.get("backend") != "gloo":
-        return ""
-    return ("; at the CPU floor above, so a lower bound: GPUs joined by NVLink or PCIe all-reduce many times faster, "
-            "and on a node with 2 or more GPUs the card times their own link")
+def _units(probe: dict) -> str:
+    """What the prediction is for: GPUs on a GPU card, CPU processes (gloo) on a CPU, whose step and bandwidth it uses."""
+    return "GPUs" if probe.get("device_type") == "cuda" else "CPU processes (gloo)"
 
+
+def _floor_note(probe: dict, bandwidth: dict) -> str:
+    """What the prediction's figures were measured on, where it is not GPUs talking over their own link: a CPU card
+    predicts for CPU processes; a GPU card whose all-reduce was timed between CPU processes (a node with one GPU)
+    predicts for GPUs that talk no faster than that, which NVLink or PCIe GPUs do not."""
+    if probe.get("device_type") != "cuda":
+        return ("; from this CPU's step and gloo's bandwidth between CPU processes: it says nothing about GPUs, for "
+                "which a card made on a GPU node predicts")
+    if bandwidth.get("backend") != "gloo":
+        return ""
+    return ("; at the CPU floor above: GPUs joined by NVLink or PCIe all-reduce many times faster, so their "
+            "efficiency is likely far higher; on a node with 2 or more GPUs the card times their own link")
