@@ -27,7 +27,7 @@ GUIDE = ROOT / "docs" / "instructor.md"
 TIMINGS = ROOT / "docs" / "notebook_timings.json"
 GPU_TIMINGS = ROOT / "docs" / "notebook_timings_gpu.json"  # the same, from scripts/gpu/notebooks.sh on a GPU node
 PLANNED = ("00_setup", "01_single_gpu", "02_profiling", "03_data_loading", "04_mixed_precision", "05_dp_vs_ddp",
-           "06_scaling")  # the README's seven; a notebook not written yet gets a row its author fills
+           "06_scaling", "07_your_own_model")  # the README's eight; a notebook not written yet gets a row its author fills
 
 # ---------------------------------------------------------------------------------------------------- TIME MODEL
 # A notebook's time in a workshop, counted the same way for every notebook: its markdown read aloud at
@@ -210,7 +210,7 @@ def gpu_figures() -> str:
         return ("No GPU reference run is recorded yet (`notebooks/reference/` is empty). The GPU scripts in "
                 "`scripts/gpu/` write these files on an H100 or H200 node; then run "
                 "`python scripts/instructor_figures.py` and the tables appear here.")
-    parts = []
+    parts = [torch_versions([reference.load(p.stem) for p in files])]
     for path in files:
         record = reference.load(path.stem)
         host = f", host {record['host']}" if record.get("host") else ""  # recorded since 2026-11-28
@@ -228,6 +228,25 @@ def gpu_figures() -> str:
             rows.append(f"| {key} | {shown} |")
         parts.append("\n".join(rows))
     return "\n\n".join(parts)
+
+
+def pinned_torch() -> str | None:
+    """The torch version the set-up installs (requirements.lock), or None."""
+    lock = ROOT / "requirements.lock"
+    m = re.search(r"^torch==([^\s;#]+)", lock.read_text(), re.M) if lock.is_file() else None
+    return m.group(1) if m else None
+
+
+def torch_versions(records: list[dict]) -> str:
+    """Which torch the reference files were measured with, against the one the set-up installs: a figure made
+    with another torch may differ from what the room sees (compile caches, kernels and defaults change)."""
+    made = sorted({r["torch"] for r in records})
+    pinned = pinned_torch()
+    said = " and ".join(f"torch {v}" for v in made)
+    if pinned is None or all(v.split("+")[0] == pinned for v in made):
+        return f"These files were measured with {said}, the torch the set-up installs."
+    return (f"These files were measured with {said}; the set-up installs torch {pinned} (`requirements.lock`), so "
+            "what your room sees with it may differ from them until the GPU scripts are run again with that torch.")
 
 
 def solutions() -> str:

@@ -31,3 +31,13 @@ def test_notebook_07_names_its_one_card_that_measures_ddp():
     found = guide.gpu_cells("07_your_own_model")
     assert list(found.values()) == ["2 or 4"]
     assert "tl.card(GPT, TOKENS, quiet=True)" in "".join(guide._cells("07_your_own_model")[next(iter(found))]["source"])
+
+
+def test_the_guide_says_when_the_gpu_figures_were_made_with_another_torch(monkeypatch):
+    """Every GPU reference file was made with torch 2.11 while the set-up pins 2.14.1: the guide's section 3 said
+    'what your room will see' without a word on it."""
+    monkeypatch.setattr(guide, "pinned_torch", lambda: "2.14.1")
+    older = guide.torch_versions([{"torch": "2.11.0+cu130"}, {"torch": "2.11.0+cu130"}])
+    assert "torch 2.11.0+cu130; the set-up installs torch 2.14.1" in older and "may differ" in older
+    assert "the torch the set-up installs" in guide.torch_versions([{"torch": "2.14.1+cu130"}])
+    assert guide.gpu_figures().startswith("These files were measured with torch ")
