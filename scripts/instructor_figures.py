@@ -281,18 +281,19 @@ def plan() -> str:
         rows.append(f"| {n} | {m['core']:.0f} | {m['optional']:.0f} | {sections} | "
                     f"{'%d, %d' % said if said else 'no Time line'} | "
                     f"{', '.join(f'cell {i} ({k})' for i, k in gpus.items()) or 'none'} |")
-    core, optional = sum(m["core"] for m in got.values()), sum(m["optional"] for m in got.values())
+    shown = {n: {k: round(got[n][k]) for k in ("core", "optional")} for n in names}  # the rows' minutes, as printed
+    core, optional = sum(m["core"] for m in shown.values()), sum(m["optional"] for m in shown.values())
     rows.append(f"| **all** | **{core:.0f}** | **{optional:.0f}** | | | |")
     half, run, morning = core / 2, 0.0, []
     for n in names:
-        if run + got[n]["core"] / 2 <= half:
+        if run + shown[n]["core"] / 2 <= half:
             morning.append(n)
-        run += got[n]["core"]
+        run += shown[n]["core"]
     afternoon = [n for n in names if n not in morning]
     day1 = [n for n in names if n[:2] <= "03"]
     day2 = [n for n in names if n not in day1]
     span = lambda ns: f"{ns[0][:2]}-{ns[-1][:2]}" if ns else "-"  # noqa: E731
-    total = lambda ns, *k: sum(got[n][x] for n in ns for x in k)  # noqa: E731
+    total = lambda ns, *k: sum(shown[n][x] for n in ns for x in k)  # noqa: E731  (adds up from the rows)
     fits = "fits" if core <= DAY_MINUTES else "does NOT fit"
     return "\n".join(rows + [
         "",

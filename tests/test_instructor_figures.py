@@ -41,3 +41,19 @@ def test_the_guide_says_when_the_gpu_figures_were_made_with_another_torch(monkey
     assert "torch 2.11.0+cu130; the set-up installs torch 2.14.1" in older and "may differ" in older
     assert "the torch the set-up installs" in guide.torch_versions([{"torch": "2.14.1+cu130"}])
     assert guide.gpu_figures().startswith("These files were measured with torch ")
+
+
+def test_the_plans_totals_add_up_from_its_rows():
+    """The afternoon printed 116 min where its rows (41 + 45 + 29) add up to 115: totals summed unrounded minutes."""
+    import re
+
+    text = guide.plan()
+    rows = {n: (int(c), int(o)) for n, c, o in re.findall(r"^\| (\d\d_\w+) \| (\d+) \| (\d+) \|", text, re.M)}
+    total = re.search(r"^\| \*\*all\*\* \| \*\*(\d+)\*\* \| \*\*(\d+)\*\* \|", text, re.M)
+    assert (int(total.group(1)), int(total.group(2))) == tuple(map(sum, zip(*rows.values())))
+    for part, first, last, minutes in re.findall(r"(Morning|afternoon) (\d\d)-(\d\d) \((\d+) min\)", text):
+        assert int(minutes) == sum(c for n, (c, _) in rows.items() if first <= n[:2] <= last), part
+    days = re.findall(r"day \d (\d\d)-(\d\d) with [^(]*\((\d+) min\)", text)
+    assert len(days) == 2
+    for first, last, minutes in days:
+        assert int(minutes) == sum(c + o for n, (c, o) in rows.items() if first <= n[:2] <= last)
