@@ -216,7 +216,28 @@ def test_a_race_runs_costs_are_its_start_up_first_step_and_validations_before_th
     assert c["seconds_to_target"] == 40.0 and c["images_to_target"] == 20 * 256
     assert c["fixed_s"] == pytest.approx(20 + 5 + 2 * 5 / 3) and c["fixed_share"] == pytest.approx(
         c["fixed_s"] / (c["fixed_s"] + 40))
+    assert c["at_target"] == 0.9 and c["went_on"] and c["validation_to_target_s"] == pytest.approx(2 * 5 / 3)
     assert scaling_study.race_costs(rec, 0.99)["seconds_to_target"] is None
+
+
+def test_the_race_prints_its_target_and_fixed_costs_that_add_up_to_the_tables_wait():
+    """The table's wait is the training seconds to the target plus the fixed costs up to it; the line under it
+    says those same costs (the one-GPU run trained on after the target: its whole run is said apart), and the
+    target, which no column shows, is printed with the runs that stopped there."""
+    f = reference.load("06_scaling")["figures"]
+    rows = scaling_study.race_rows(f)
+    lines = [x for x in scaling_study.race_lines(f) if "up to the target" in x]
+    assert len(lines) == len(rows)
+    for r, line in zip(rows, lines):
+        start, first, vals = (float(x.split(" s")[0]) for x in
+                              (line.split("start-up ")[1], line.split("compilation ")[1], line.split("validations ")[1]))
+        assert start + first + vals + r["seconds_to_target"] == pytest.approx(r["wait_s"], abs=1.6)
+        assert ("trained on after the target" in line) == r["went_on"]
+        assert r["at_target"] >= f["race"]["target"] and r["wrong_at_target"] <= r["wrong_at_best"] + 1000
+    assert rows[0]["went_on"] and not any(r["went_on"] for r in rows[1:])
+    text = scaling_study.target_line(f)
+    assert text.startswith(f"the target: {f['race']['target']:.2%}") and "4 runs stopped" in text
+    assert "1 GPU trained on after it" in text
 
 
 def test_the_race_target_is_out_of_one_gpus_reach_and_well_below_its_ceiling():

@@ -290,8 +290,9 @@ def headline(fig: dict) -> dict | None:
 
 
 def race_costs(rec: dict, target: float | None) -> dict:
-    """A race run's training seconds to the target, and its fixed costs (start-up, the first step with its
-    compilation, the validation passes): up to the target, as a share of the wait, and over the whole run."""
+    """A race run's training seconds to the target, its validation there, and its fixed costs (start-up, the first
+    step with its compilation, the validation passes): up to the target, as a share of the wait, and over the
+    whole run (which went on after the target only where the run did not stop there)."""
     r = rec["result"]
     history = r["val_history"]
     trained, first = history[-1][1], r.get("compile_time_s") or 0.0
@@ -301,15 +302,17 @@ def race_costs(rec: dict, target: float | None) -> dict:
              "whole_fixed_share": (start + first + per_eval * len(history)) / rec["wall_s"]}
     k = next((i for i, (_, _, acc) in enumerate(history) if target is not None and acc >= target), None)
     if k is None:
-        return {"seconds_to_target": None, "images_to_target": None, **whole}
+        return {"seconds_to_target": None, "images_to_target": None, "at_target": None, **whole}
     fixed, t = start + first + per_eval * (k + 1), history[k][1]
     return {"seconds_to_target": t, "images_to_target": scaling.images_to_target(r, target), "fixed_s": fixed,
-            "wait_s": fixed + t, "fixed_share": fixed / (fixed + t), **whole}
+            "wait_s": fixed + t, "fixed_share": fixed / (fixed + t), "at_target": history[k][2],
+            "validation_to_target_s": per_eval * (k + 1), "went_on": k + 1 < len(history), **whole}
 
 
 def race_rows(fig: dict) -> list[dict]:
     """Every race run that ran: its configuration, img/s, best validation (and how many images it got wrong
-    there), time and images to the target, fixed costs, and how many times sooner than one GPU."""
+    there), its validation at the target, time and images to the target, fixed costs, and how many times sooner
+    than one GPU."""
     race = fig.get("race", {})
     out = []
     for name, rec in fig["runs"].items():
@@ -321,7 +324,9 @@ def race_rows(fig: dict) -> list[dict]:
                         "wrong_at_best": round((1 - best) * r["config"]["val_size"]),
                         **race_costs(rec, race.get("target"))})
     one = out[0] if out and out[0]["gpus"] == 1 else None
-    for row in out:
+    for row, rec in zip(out, (fig["runs"][row["case"]] for row in out)):
+        at = row["at_target"]
+        row["wrong_at_target"] = None if at is None else round((1 - at) * rec["result"]["config"]["val_size"])
         for key, ratio in (("seconds_to_target", "sooner"), ("wait_s", "sooner_waiting")):
             ok = one and one.get(key) and row.get(key)
             row[ratio] = one[key] / row[key] if ok else None
@@ -419,6 +424,23 @@ def race_holds(fig: dict) -> bool:
     return now is not None and check["target"] is not None and abs(now - check["target"]) < 1e-9
 
 
+def target_line(fig: dict) -> str | None:
+    """The race's target, which no table shows, and which runs stopped there: the runs on several GPUs stop at
+    their first validation at or above it, while the one-GPU run, which set it, trained on after it."""
+    check, rows = race_verdict(fig), race_rows(fig)
+    target = check.get("target")
+    if target is None:
+        return None
+    line = f"the target: {target:.2%} validation accuracy"
+    if check.get("val_size"):
+        line += f" ({check['wrong_at_target']:,} of {check['val_size']:,} images wrong)"
+    stopped = [r for r in rows if r.get("seconds_to_target") and not r["went_on"]]
+    parts = [f"{count(len(stopped), 'run')} stopped at their first validation at or above it"] if stopped else []
+    parts += [f"{r['about']} trained on after it, to {r['best']:.2%} at best" for r in rows if r.get("went_on")]
+    return line + "".join(f"; {p}" for p in parts) + (": the table compares each run's validation when it reached "
+                                                       "the target, not its best" if parts else "")
+
+
 def race_lines(fig: dict) -> list[str]:
     """What the recorded race can and can't say, in sentences computed from it: the target against the rule,
     how many validation images separate the runs' best from it, and the fixed costs' share of each wait."""
@@ -438,6 +460,17 @@ def race_lines(fig: dict) -> list[str]:
                        + ("within one validation image of each other and of the target, so whether a run reaches it, "
                           "and when, is decided by a single image" if near else "apart by more than one image"))
     for r in rows:
-        out.append(f"{r['about']}: start-up {r['start_s']:.0f} s, first step with compilation {r['compile_s']:.0f} s, "
-                   f"validations {r['validation_s']:.0f} s: {r['whole_fixed_share']:.0%} of its whole run")
+        out.append(f"{r['about']}: " + fixed_costs(r))
     return out
+
+
+def fixed_costs(r: dict) -> str:
+    """A race row's fixed costs: up to the target (the table's wait) where it reached it, and over its whole run
+    where that went on after the target (or never reached it)."""
+    what = f"start-up {r['start_s']:.0f} s, first step with compilation {r['compile_s']:.0f} s, validations "
+    whole = f"{r['validation_s']:.0f} s: {r['whole_fixed_share']:.0%} of its whole run"
+    if not r.get("seconds_to_target"):
+        return what + whole
+    text = f"up to the target, {what}{r['validation_to_target_s']:.0f} s: {r['fixed_share']:.0%} of the wait"
+    return text + (f"; over its whole run, which trained on after the target, validations {whole}" if r["went_on"]
+                   else " (it stopped at the target)")
