@@ -344,3 +344,20 @@ def test_the_banner_path_of_a_server_with_fewer_gpus_than_a_cell_needs(capsys, g
         assert out.count("**") == 2 and banner in out and "the reference run shows it" in out
     else:
         assert out == ""
+
+
+def test_the_banner_is_said_once_per_notebook(capsys):
+    """On a server with one GPU the parameters cell says what needs 2 GPUs; a later cell that needs as many
+    returns 0 without saying it again (the notebooks promise to say so once); one that needs more says so."""
+    from tutorial_lib import notebook
+
+    s = notebook.Session(small=False, why="test", device="cuda", gpus=1)
+    assert notebook.gpus_for(s, 2, "DDP", instead="the reference run shows it") == 0
+    assert capsys.readouterr().out.count("needs 2 GPUs") == 1
+    assert notebook.gpus_for(s, 2, "DataParallel", on_cpu=0, instead="below") == 0
+    assert capsys.readouterr().out == ""
+    assert notebook.gpus_for(s, 4, "a sweep", instead="below") == 0
+    assert "needs 4 GPUs" in capsys.readouterr().out
+    cpu = notebook.Session(small=True, why="test", device="cpu", gpus=0)
+    assert notebook.gpus_for(cpu, 2, "DDP") == 2 and notebook.gpus_for(cpu, 2, "DataParallel", on_cpu=0) == 0
+    assert capsys.readouterr().out.count("needs 2 GPUs") == 1  # the first cell that needs them on a CPU says it

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import tensorboard
@@ -17,6 +17,7 @@ class Session(sizes.Size):
     """The notebook's size (`small`, `pick(small, full)`: the one size switch, lessons.size) and its devices."""
     device: str = "cpu"  # "cuda" or "cpu"
     gpus: int = 0
+    banners: set = field(default_factory=set, compare=False, repr=False)  # the GPU counts gpus_for has said it needs
 
 
 def setup(quiet: bool = False) -> Session:
@@ -55,12 +56,15 @@ def setup(quiet: bool = False) -> Session:
 def gpus_for(session: Session, need: int, what: str, on_cpu: int = 2,
              instead: str = "the figures below come from the reference run") -> int:
     """How many GPUs a cell that needs at least `need` uses here: every GPU of a server that has enough; on a CPU,
-    `on_cpu` processes standing in for GPUs (gloo; 0: the cell means nothing without GPUs). Otherwise 0, after one
-    banner that says what the cell needs, what this server has, and what the notebook does `instead`."""
+    `on_cpu` processes standing in for GPUs (gloo; 0: the cell means nothing without GPUs). Otherwise 0, after a
+    banner that says what the cell needs, what this server has, and what the notebook does `instead`: once per
+    notebook (session), so a later cell that needs no more GPUs than an earlier banner said returns 0 quietly."""
     if session.device == "cpu" and on_cpu:
         return on_cpu
     if session.gpus >= need:
         return session.gpus
-    have = count(session.gpus, "GPU") if session.gpus else "no GPU"
-    print(f"** {what} needs {need} GPUs; this server has {have}: {instead}. **")
+    if need > max(session.banners, default=0):
+        session.banners.add(need)
+        have = count(session.gpus, "GPU") if session.gpus else "no GPU"
+        print(f"** {what} needs {need} GPUs; this server has {have}: {instead}. **")
     return 0
