@@ -42,7 +42,7 @@ def test_the_recommendation_says_which_changes_it_keeps_without_a_gain():
     card's compile, x0.80); the page names them, and beside a faster rung shows the two bands that overlap."""
     gpt = dict(_card("gpt").summary_rows())["recommended"]
     assert gpt.startswith("step_graph:") and "compile (x0.80, slower than fused_adamw)" in gpt
-    assert "fused_adamw (x1.04, within noise of bf16)" in gpt and "tf32" not in gpt.split("; it keeps")[1]
+    assert "fused_adamw (x1.04, within noise of bf16)" in gpt and "tf32" not in gpt.split("; the rungs stack")[1]
     vit = dict(_card("vit_b_16").summary_rows())["recommended"]
     assert "within noise of the fastest, step_graph: its band 3,056-3,406 overlaps this one's 3,026-3,392" in vit
 

@@ -85,7 +85,8 @@ class Card:
                      f"overlaps this one's {_range(ladder.figure(r))} samples/s)")
         kept = self.kept_without_gain()
         if kept:
-            line += ("; it keeps every change below it, these without a gain beyond noise too: " + ", ".join(f"{k} ({self.verdicts[k]})" for k in kept))
+            line += ("; the rungs stack, so it carries its change and every change below it, these without a gain "
+                     "beyond noise too: " + ", ".join(f"{k} ({self.verdicts[k]})" for k in kept))
         return line
 
     def kept_without_gain(self) -> list[str]:
@@ -222,7 +223,9 @@ def _band(m: dict) -> str:
 
 
 def _range(f: noise.Figure) -> str:
-    return f"{f.low:,.0f}-{f.high:,.0f}"
+    """'3,026-3,392'; a figure below 100 with a decimal ('4.1-8.5')."""
+    spec = ".1f" if f.low < 100 else ",.0f"
+    return f"{f.low:{spec}}-{f.high:{spec}}"
 
 
 def _banded_verdict(verdict: str | None, figures: dict) -> str | None:
