@@ -91,6 +91,25 @@ def test_dataloader_knobs_reach_the_dataloader():
     assert not data.build_input(cfg, "train", env_on("cpu"), 16).loader.pin_memory  # no GPU: nothing to pin for
 
 
+@pytest.mark.parametrize("persistent, collects", [(False, 3), (True, 1)])
+def test_garbage_is_collected_only_before_workers_are_forked(monkeypatch, persistent, collects):
+    """With CUDA up, each epoch that forks workers collects garbage first (a worker must not free inherited CUDA
+    memory); persistent workers alive from the last epoch fork nothing, so their epochs skip that cost (notebook
+    03 times the first batch of each epoch)."""
+    import gc
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append(a) or 0)
+    cfg = TrainConfig(train_size=32, batch_size=16, num_workers=1, persistent_workers=persistent)
+    inp = data.build_input(cfg, "train", env_on("cpu"))
+    for epoch in range(3):
+        assert len(list(inp.epoch(epoch))) == 2  # each epoch to its end: persistent workers serve the next
+    if persistent:
+        data.end_workers(inp.loader._iterator)
+    assert len(calls) == collects
+
+
 def test_gpu_resident_refuses_a_dataset_larger_than_half_the_free_memory(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * 2**20, 80 * 2**30))
     images = torch.zeros(60_000, 3, 32, 32, dtype=torch.uint8)  # 176 MB

@@ -325,12 +325,20 @@ class LoaderInput:
     def epoch(self, epoch: int, start_batch: int = 0):
         self.loader.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
         self.loader.sampler.start = start_batch * self.loader.batch_size
-        if self.loader.num_workers and torch.cuda.is_initialized():
+        if forks_workers(self.loader) and torch.cuda.is_initialized():
             # Workers are forked copies of this process. Garbage that still holds CUDA memory (a reference
             # cycle, an old traceback in a notebook) would be collected in a worker, whose CUDA calls abort
             # it ("CUDA error: initialization error"): collect it here, before the fork.
             gc.collect()
         return _one_line_errors(iter(self.loader))
+
+
+def forks_workers(loader: DataLoader) -> bool:
+    """Whether the next iter(loader) starts worker processes: not without workers, nor while persistent ones
+    from the last epoch are alive (they serve the next epoch, no fork and no start-up)."""
+    it = getattr(loader, "_iterator", None)
+    alive = loader.persistent_workers and it is not None and not getattr(it, "_shutdown", False)
+    return loader.num_workers > 0 and not alive
 
 
 def _one_line_errors(batches):
