@@ -16,7 +16,9 @@ def test_a_band_is_printed_as_it_is():
     """A lopsided band printed as ± (half its width) hid the side that decides whether two bands overlap."""
     assert card_report.band(noise.Figure(100.0, 95.0, 105.0)) == "100.0 (±5%)"
     assert card_report.band(noise.Figure(4604.3, 4144.0, 5525.0)) == "4,604.3 (-10%/+20%)"
-    assert card_report.band(noise.Figure(208_998.0, 42_856.0, 7_168_459.0)) == "208,998.0 (windows 42,856 to 7,168,459)"
+    assert card_report.band(noise.Figure(3.1, 2.0, 11.0)) == "3.1 (band 2 to 11)"  # a rung's steps, not windows
+    assert card_report._band({"img_s": 208_998.0, "img_s_low": 42_856.0, "img_s_high": 7_168_459.0}) == \
+        "208,998.0 (windows 42,856 to 7,168,459)"
 
 
 def test_the_stored_resnet50_card_prints_its_compile_band_as_measured():

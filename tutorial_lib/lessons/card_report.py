@@ -206,12 +206,13 @@ def _bound_only(verdict: str | None) -> str | None:
     return bound + " — the rungs below measure what each change buys" if " — " in verdict else bound
 
 
-def band(f: noise.Figure) -> str:
+def band(f: noise.Figure, wide: str = "band") -> str:
     """A figure and its band as it is, the side below and the side above: '1,244.6 (±5%)' when the two round to the
-    same percent, '5,523.2 (-5%/+15%)' when not; a band wider than the figure itself as its range."""
+    same percent, '5,523.2 (-5%/+15%)' when not; a band wider than the figure itself as its range, named `wide`
+    ('windows' for a bench figure)."""
     below, above = 100 * (1 - f.low / f.value), 100 * (f.high / f.value - 1)
     if f.spread >= 1:
-        return f"{f.value:,.1f} (windows {f.low:,.0f} to {f.high:,.0f})"
+        return f"{f.value:,.1f} ({wide} {f.low:,.0f} to {f.high:,.0f})"
     if round(below) == round(above):
         return f"{f.value:,.1f} (±{below:.0f}%)"
     return f"{f.value:,.1f} (-{below:.0f}%/+{above:.0f}%)"
@@ -219,7 +220,7 @@ def band(f: noise.Figure) -> str:
 
 def _band(m: dict) -> str:
     """A bench figure (slowest to fastest window, noise.FLOOR at least) and its band."""
-    return band(noise.Figure.of(m["img_s"], m["img_s_low"], m["img_s_high"]))
+    return band(noise.Figure.of(m["img_s"], m["img_s_low"], m["img_s_high"]), "windows")
 
 
 def _range(f: noise.Figure) -> str:
