@@ -240,6 +240,7 @@ def per_step_overhead(figures: dict) -> list[dict]:
         a, b = rec.get("result"), cases.get(one, {}).get("result")
         if (in_group(name, "dp") or in_group(name, "overhead") and name.startswith("dp_")) and a and b:
             out.append({"gpus": rec["gpus"], "batch_per_gpu": b["global_batch"], "dp_step_ms": a["step_time_ms"]["median"],
+                        "dp_band_ms": (a["step_time_ms"]["p10"], a["step_time_ms"]["p90"]),
                         "one_gpu_step_ms": b["step_time_ms"]["median"],
                         "extra_ms": a["step_time_ms"]["median"] - b["step_time_ms"]["median"]})
     return out
@@ -253,7 +254,8 @@ def trap(figures: dict) -> dict | None:
         if in_group(name, "trap") and forced and plain:
             ratio, verdict = versus(forced, plain, "the engine's setting")
             return {"gpus": rec["gpus"], "plain_img_s": plain["throughput_img_s"], "ratio": ratio, "verdict": verdict,
-                    "forced_img_s": forced["throughput_img_s"], "forced_step_ms": forced["step_time_ms"]["median"]}
+                    "forced_img_s": forced["throughput_img_s"],
+                    "forced_step_ms": forced["step_time_ms"]["mean"]}  # the mean: img/s is the batch over it
     return None
 
 
