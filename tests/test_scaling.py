@@ -63,8 +63,10 @@ def test_the_seeds_mistake_another_batch_and_precision_is_refused():
 def test_a_one_gpu_ddp_run_or_another_card_is_no_baseline():
     ddp1 = result(1)
     ddp1["config"]["parallel"] = "ddp"
-    with pytest.raises(UserError, match="single-GPU run without DDP"):
+    with pytest.raises(UserError, match="on 1 process; take a single-GPU run without DDP"):
         scaling.efficiency(result(2), ddp1)
+    with pytest.raises(UserError, match="on 2 processes; take a single-GPU run without DDP"):
+        scaling.efficiency(result(2), result(2))  # the messages count processes, no 'process(es)'
     with pytest.raises(UserError, match="device differs"):
         scaling.efficiency(result(2), result(1, device="NVIDIA H100"))
 
@@ -207,7 +209,7 @@ def test_dataparallel_efficiency_needs_the_gpus_its_one_process_split_the_batch_
         scaling.efficiency(dp, one)
     p = scaling.efficiency(dp, one, gpus=4)
     assert (p.gpus, p.batch_per_gpu) == (4, 256) and p.speedup == pytest.approx(0.6) and p.efficiency == pytest.approx(0.15)
-    with pytest.raises(UserError, match="gpus=2 but the run ran 4 process"):
+    with pytest.raises(UserError, match="gpus=2 but the run ran 4 processes;"):
         scaling.efficiency(result(4), result(1), gpus=2)
 
 

@@ -96,7 +96,8 @@ def gpus_of(result, gpus: int | None = None) -> int:
                             "gpus=N (the GPUs visible to its process)")
         return gpus
     if gpus not in (None, r["world_size"]):
-        raise UserError(f"gpus={gpus} but the run ran {r['world_size']} process(es); leave gpus out for DDP runs")
+        raise UserError(f"gpus={gpus} but the run ran {count(r['world_size'], 'process', 'processes')}; "
+                        "leave gpus out for DDP runs")
     return r["world_size"]
 
 
@@ -111,8 +112,8 @@ def check_baseline(run, baseline, kind: str = "weak", gpus: int | None = None) -
     if kind not in KINDS:
         raise UserError(f"kind={kind!r} is not one of {', '.join(KINDS)}")
     if base["world_size"] != 1 or base["config"]["parallel"] != "none":
-        raise UserError(f"the baseline ran with parallel={base['config']['parallel']!r} on {base['world_size']} "
-                        "process(es); take a single-GPU run without DDP (parallel=none): a 1-GPU DDP run already "
+        raise UserError(f"the baseline ran with parallel={base['config']['parallel']!r} on "
+                        f"{count(base['world_size'], 'process', 'processes')}; take a single-GPU run without DDP (parallel=none): a 1-GPU DDP run already "
                         "pays DDP's overhead and flatters every point")
     if base["device"] != run["device"]:
         raise UserError(f"device differs: the baseline ran on {base['device']!r}, the run on {run['device']!r}; "

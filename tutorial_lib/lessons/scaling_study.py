@@ -380,7 +380,8 @@ def bound_lines(fig: dict) -> list[str]:
         return out
     best = min(beside, key=lambda r: r["images_to_target"])
     k = one / best["images_to_target"]
-    out.append(f"bound: {n} x {eff:.3f} x {k:.2f} = {n * eff * k:.2f}x sooner; the race gave {best['sooner']:.2f}x "
+    out.append(f"bound: {n} x {eff:.3f} (the best efficiency of the race's runs at {rows[0]['global_batch']} per GPU) x {k:.2f} (one GPU's images over the "
+               f"fewest at {best['global_batch']:,}) = {n * eff * k:.2f}x sooner; the race gave {best['sooner']:.2f}x "
                f"({best['about']})")
     lo, hi = min(r["images_to_target"] for r in beside), max(r["images_to_target"] for r in beside)
     if len(beside) > 1 and lo <= one <= hi:
