@@ -108,6 +108,18 @@ def test_verdict_names_the_bound_and_the_knob(monkeypatch, io_, syn, full, cfg_k
     assert "compile=true:" not in text and not text.rstrip(")").endswith("compile=true")  # never plain compile
 
 
+@pytest.mark.parametrize("workers, cpus", [(1, 2), (0, 2), (7, 8)])
+def test_a_cpu_verdict_names_the_step_whatever_the_bound(monkeypatch, workers, cpus):
+    """On a CPU the step runs on the cores the loading shares: a FULL below SYNTHETIC while IO keeps up (notebook
+    03's pinned row on 2 CPUs) is the step's limit there, never advice to use fewer than one worker."""
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", str(cpus))
+    figures = {"io": fig("io", 5_043, 0.3), "synthetic": fig("synthetic", 403, 0.01), "full": fig("full", 357, 0.03)}
+    bound, text = bench.verdict(figures, data.TrainConfig(num_workers=workers), "cpu")
+    assert bound == "launch" and text.startswith("host/launch-bound: FULL 357"), text
+    assert text.endswith("on a CPU the step is the limit; measure again on a GPU") and "fewer workers" not in text
+    assert "launches" not in text and "queuing" not in text  # no GPU kernels to queue
+
+
 def test_verdict_shows_each_figures_window_spread():
     figures = {"io": fig("io", 9_300, 0.05), "synthetic": fig("synthetic", 41_000, 0.2), "full": fig("full", 9_100)}
     _, text = bench.verdict(figures, data.TrainConfig(num_workers=0), "cpu")

@@ -32,6 +32,7 @@ from ..values import count
 
 MEASURES = ("io", "synthetic", "full")
 CLOSE = 0.10  # IO and SYNTHETIC this close on average are balanced; FULL against them: noise.relation
+CPU_LIMIT = "on a CPU the step is the limit; measure again on a GPU"  # the knob of every verdict on a CPU but input
 FULL_SIZES = {"shapes": 50_000, "shapes_hard": 50_000, "imagefolder": 50_000, "cifar10": 50_000, "cifar100": 50_000, "mnist": 60_000}
 
 
@@ -238,9 +239,10 @@ def verdict(figures: dict, cfg: TrainConfig, device_type: str) -> tuple[str, str
         head = f"FULL {f['full']} {_relation(full, io_)} " if full else ""
         text = f"input-bound: {head}IO {f['io']} < SYNTHETIC {f['synthetic']} img/s — {input_knob(cfg, device_type)}"
     elif kind == "launch":
+        why = ("the CPU thread that runs the loop, queuing the input's and the step's work, is the limit — "
+               if device_type == "cuda" else "the loading shares the cores that run the step — ")
         return "launch", (f"host/launch-bound: FULL {f['full']} is {100 * (1 - full.value / syn.value):.0f}% below "
-                          f"SYNTHETIC {f['synthetic']} img/s while IO {f['io']} keeps up in every window: the CPU thread "
-                          f"that runs the loop, queuing the input's and the step's work, is the limit — "
+                          f"SYNTHETIC {f['synthetic']} img/s while IO {f['io']} keeps up in every window: {why}"
                           f"{launch_knob(cfg, device_type)}")
     elif kind == "compute":
         head = f"FULL {f['full']} {_relation(full, syn)} " if full else ""
@@ -307,7 +309,7 @@ def input_knob(cfg: TrainConfig, device_type: str) -> str:
 def compute_knob(cfg: TrainConfig, device_type: str) -> str:
     """What to change when the training step is the limit."""
     if device_type != "cuda":
-        return "on a CPU the step is the limit; measure again on a GPU"
+        return CPU_LIMIT
     if cfg.precision in ("fp32", "tf32"):
         return "compute in bf16: precision=bf16 channels_last=true (notebook 04)"
     if not cfg.channels_last:
@@ -316,12 +318,13 @@ def compute_knob(cfg: TrainConfig, device_type: str) -> str:
 
 
 def launch_knob(cfg: TrainConfig, device_type: str) -> str:
-    """What to change when the host thread that runs the loop is the limit."""
+    """What to change when the host thread that runs the loop is the limit. On a CPU the step itself runs on the
+    cores the loading shares: the step is the limit there, whatever the workers (fewer than one is none)."""
+    if device_type != "cuda":
+        return CPU_LIMIT
     cpus = usable_cpus()
     if cfg.loader != "gpu_resident" and cfg.workers() >= cpus - 1 > 0:
         return _contention_hint(cfg, device_type)
-    if device_type != "cuda":
-        return "on a CPU the loading and the step share the cores: measure again on a GPU"
     return _graphs_or_batch(cfg)
 
 
@@ -337,6 +340,8 @@ def _graphs_or_batch(cfg: TrainConfig) -> str:
 
 
 def _contention_hint(cfg: TrainConfig, device_type: str) -> str:
+    if device_type != "cuda":
+        return "on a CPU the loading and the step share the cores"
     cpus = usable_cpus()
     if cfg.loader != "gpu_resident" and cfg.workers() >= cpus - 1:
         workers = count(cfg.workers(), "worker")
