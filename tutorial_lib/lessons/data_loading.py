@@ -129,6 +129,24 @@ def check_line(records: list[dict]) -> str:
     return f"gpu_resident FULL within noise of SYNTHETIC ({ratios}): {verdict}{cpu}"
 
 
+def keeps_up(row: dict) -> str:
+    """What one pipeline's IO / SYNTHETIC / FULL (bench Measurements, e.g. bench.from_reference) say of its loader,
+    for notebook 03's GPU summary. The loader keeps up only when IO's slowest window reaches SYNTHETIC: a FULL
+    within noise of SYNTHETIC while IO dips below it is within noise only because FULL's own windows are wide."""
+    io_, syn, full = row["io"], bench.figure(row["synthetic"]), bench.figure(row["full"])
+    kind = bench.bound(row)
+    if kind == "launch":
+        return "IO keeps up in every window, so the host, not the loader, is the limit."
+    dip = f"IO's slowest window ({io_.img_s_low:,.0f} img/s) is below SYNTHETIC ({syn.value:,.0f})"
+    if kind == "input":
+        return (f"{dip}: the loader delivers in bursts, and the step waits in the slow ones." if io_.img_s >= syn.value
+                else f"IO ({io_.img_s:,.0f} img/s) is below SYNTHETIC ({syn.value:,.0f}): the loader is the limit.")
+    if io_.img_s_low >= syn.value:
+        return "IO stays above SYNTHETIC in every window: the loader keeps up on this card at this batch."
+    return (f"{dip}, so the loader does not keep up all the time; FULL is within noise of SYNTHETIC only because "
+            f"its windows span ±{100 * full.spread:.0f}%.")
+
+
 def ranks(cfg: TrainConfig, sizes: Sizes) -> dict:
     """The bench under torchrun on 2 processes (GPUs, or gloo on a CPU): every rank measures, the job's figure
     is its slowest rank's. Returns bench.json's figures."""
