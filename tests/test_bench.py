@@ -77,12 +77,12 @@ def fig(measure, img_s, spread=0.0):
 
 
 @pytest.mark.parametrize("io_, syn, full, cfg_kw, expected", [
-    (9_300, 41_000, 9_100, dict(num_workers=2), ["input-bound: FULL 9,100 (±0%) ≈ IO 9,300 (±0%) < SYNTHETIC "
-                                                 "41,000 (±0%) img/s", "loader=gpu_resident",
+    (9_300, 41_000, 9_100, dict(num_workers=2), ["input-bound: FULL 9,100 (±5%) ≈ IO 9,300 (±5%) < SYNTHETIC "
+                                                 "41,000 (±5%) img/s", "loader=gpu_resident",
                                                  "raise num_workers (now 2; you have 8 CPUs"]),
     (9_300, 41_000, 9_100, dict(num_workers=7), ["ask for more CPUs per task: num_workers=7 already uses your 8"]),
     (9_300, 41_000, 9_100, dict(), ["ask for more CPUs per task: num_workers=7 already uses your 8"]),  # auto: 8 - 1
-    (90_000, 9_000, 8_900, dict(precision="fp32"), ["compute-bound: FULL 8,900 (±0%) ≈ SYNTHETIC 9,000 (±0%) < IO "
+    (90_000, 9_000, 8_900, dict(precision="fp32"), ["compute-bound: FULL 8,900 (±5%) ≈ SYNTHETIC 9,000 (±5%) < IO "
                                                     "90,000", "precision=bf16"]),
     (90_000, 30_000, 29_000, dict(precision="bf16", channels_last=True),
      ["one CUDA graph: cuda_graph=true", "larger batch_size (now 128"]),
@@ -92,9 +92,9 @@ def fig(measure, img_s, spread=0.0):
      ["a larger batch_size (now 128", "more GPUs"]),
     # notebook 03 on an H200 with loader=gpu_resident: FULL 0.77 of SYNTHETIC while IO is far above both
     (120_000, 39_500, 30_455, dict(precision="bf16", channels_last=True, loader="gpu_resident", batch_size=256),
-     ["host/launch-bound: FULL 30,455 (±0%) is 23% below SYNTHETIC 39,500 (±0%) img/s while IO 120,000 (±0%) keeps up",
+     ["host/launch-bound: FULL 30,455 (±5%) is 23% below SYNTHETIC 39,500 (±5%) img/s while IO 120,000 (±5%) keeps up",
       "one CUDA graph: cuda_graph=true", "larger batch_size (now 256"]),
-    (20_000, 21_000, 12_000, dict(num_workers=7), ["host/launch-bound: FULL 12,000 (±0%) is 43% below SYNTHETIC",
+    (20_000, 21_000, 12_000, dict(num_workers=7), ["host/launch-bound: FULL 12,000 (±5%) is 43% below SYNTHETIC",
                                                    "7 workers and the training loop share 8 CPUs: try fewer workers"]),
 ])
 def test_verdict_names_the_bound_and_the_knob(monkeypatch, io_, syn, full, cfg_kw, expected):
@@ -249,7 +249,7 @@ def test_full_above_synthetic_within_the_spread_is_equal_and_beyond_it_is_flagge
     syn = windows("synthetic", 32_179, 27_497, 37_596)
     kind, text = bench.verdict({"io": io_, "synthetic": syn, "full": windows("full", 33_014, 28_252, 36_078)},
                                data.TrainConfig(loader="gpu_resident"), "cuda")
-    assert kind == "compute" and "FULL 33,014 (±12%) ≈ SYNTHETIC" in text and "unusual conditions" not in text
+    assert kind == "compute" and "FULL 33,014 (-14%/+9%) ≈ SYNTHETIC" in text and "unusual conditions" not in text
     _, text = bench.verdict({"io": io_, "synthetic": syn, "full": windows("full", 48_000, 47_000, 49_000)},
                             data.TrainConfig(loader="gpu_resident"), "cuda")
     assert "above the slower side by more than the windows' spread" in text

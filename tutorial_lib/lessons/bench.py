@@ -268,12 +268,9 @@ def verdict(figures: dict, cfg: TrainConfig, device_type: str) -> tuple[str, str
 
 
 def _figure(m: Measurement) -> str:
-    """A figure with its spread: half the range of its windows, in percent of the figure (windows that differ by
-    more than the figure itself: their range)."""
-    half = 50 * (m.img_s_high - m.img_s_low) / m.img_s
-    if half >= 100:
-        return f"{m.img_s:,.0f} (windows {m.img_s_low:,.0f} to {m.img_s_high:,.0f})"
-    return f"{m.img_s:,.0f} (±{half:.0f}%)"
+    """A figure with its band as the verdicts judge it (`figure`: the windows, noise.FLOOR at least), e.g.
+    '9,300 (±5%)'; windows that differ by more than the figure itself: their range."""
+    return noise.shown(figure(m), "windows", ",.0f")
 
 
 def _relation(a: noise.Figure, b: noise.Figure) -> str:

@@ -41,6 +41,14 @@ class Card:
                    rows, ladder.verdicts(rows), recommended, memory, ddp, job, wall_s)
 
     # ------------------------------------------------------------------------------------ the page
+    def bound_line(self) -> str:
+        """What bounds the step, judged from the stored windows with today's rule (bench.verdict, without its
+        advice), so that a card written by an older bench prints its figures as the row above it does."""
+        f = {m: _measurement(fig) for m, fig in self.bench["figures"].items()}
+        if "io" not in f or "synthetic" not in f:
+            return self.bench["verdict"] or "-"
+        return _bound_only(bench.verdict(f, TrainConfig(), self.probe.get("device_type", "cuda"))[1])
+
     def summary_rows(self) -> list[tuple[str, str]]:
         p, rec, r = self.probe, self.recommended, self.recommended["row"]
         f = self.bench["figures"]
@@ -54,7 +62,7 @@ class Card:
                       f"target {p['target']} -> output {p['output']}; loss {self.specs['loss'] or self.specs['loss_rule']}"),
             ("batches", f"{p['source']}; batch {p['batch']}"),
             ("IO / SYNTHETIC / FULL (fp32, samples/s)", io_syn_full),
-            ("what bounds the step", _banded_verdict(self.bench["verdict"], f) or "-"),
+            ("what bounds the step", self.bound_line()),
             ("FLOPs per sample (training step)", _flops(p["flops_per_sample"])),
             ("recommended", self.recommended_line()),
             ("peak memory (recommended, batch %d)" % p["batch"], f"{fmt(r.get('peak_mb'), ',.0f', 'n/a on a CPU')}"
@@ -109,7 +117,7 @@ class Card:
                 cells += [""] * (len(head) - 3)
             else:
                 fig = ladder.figure(r)
-                cells = [r["rung"], r["change"], band(fig),
+                cells = [r["rung"], r["change"], noise.shown(fig),
                          fmt(r.get("speedup"), ".2f"), self.verdicts.get(r["rung"], "-"), f"{r['step_ms']:.2f}",
                          fmt(r["peak_mb"], ",.0f"), fmt(r["mfu"] and 100 * r["mfu"], ".1f") + ("%" if r["mfu"] else ""),
                          fmt(r["compile_s"], ".1f", "-")]
@@ -206,36 +214,19 @@ def _bound_only(verdict: str | None) -> str | None:
     return bound + " — the rungs below measure what each change buys" if " — " in verdict else bound
 
 
-def band(f: noise.Figure, wide: str = "band") -> str:
-    """A figure and its band as it is, the side below and the side above: '1,244.6 (±5%)' when the two round to the
-    same percent, '5,523.2 (-5%/+15%)' when not; a band wider than the figure itself as its range, named `wide`
-    ('windows' for a bench figure)."""
-    below, above = 100 * (1 - f.low / f.value), 100 * (f.high / f.value - 1)
-    if f.spread >= 1:
-        return f"{f.value:,.1f} ({wide} {f.low:,.0f} to {f.high:,.0f})"
-    if round(below) == round(above):
-        return f"{f.value:,.1f} (±{below:.0f}%)"
-    return f"{f.value:,.1f} (-{below:.0f}%/+{above:.0f}%)"
-
-
 def _band(m: dict) -> str:
-    """A bench figure (slowest to fastest window, noise.FLOOR at least) and its band."""
-    return band(noise.Figure.of(m["img_s"], m["img_s_low"], m["img_s_high"]), "windows")
+    """A bench figure as the bench's verdict prints it (slowest to fastest window, noise.FLOOR at least)."""
+    return noise.shown(noise.Figure.of(m["img_s"], m["img_s_low"], m["img_s_high"]), "windows", ",.0f")
+
+
+def _measurement(m: dict) -> bench.Measurement:
+    return bench.Measurement(**{"per_rank_img_s": [], **m})
 
 
 def _range(f: noise.Figure) -> str:
     """'3,026-3,392'; a figure below 100 with a decimal ('4.1-8.5')."""
     spec = ".1f" if f.low < 100 else ",.0f"
     return f"{f.low:{spec}}-{f.high:{spec}}"
-
-
-def _banded_verdict(verdict: str | None, figures: dict) -> str | None:
-    """The bench's verdict with each figure printed as the row above prints it (the bench prints its windows'
-    spread without the floor, so '±0%' stood below '±5%' for the same figure)."""
-    for m, fig in figures.items():
-        said = bench._figure(bench.Measurement(**{**fig, "per_rank_img_s": fig.get("per_rank_img_s", [])}))
-        verdict = verdict and verdict.replace(f"{m.upper()} {said}", f"{m.upper()} {_band(fig)}")
-    return verdict
 
 
 def _mb(nbytes: float) -> str:

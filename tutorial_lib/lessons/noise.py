@@ -49,6 +49,18 @@ def versus(a: Figure, b: Figure) -> str:
     return f"x{a.value / b.value:.2f}, {words}"
 
 
+def shown(f: Figure, wide: str = "band", spec: str = ",.1f") -> str:
+    """A figure and its band as it is, the side below and the side above: '1,244.6 (±5%)' when the two round to the
+    same percent, '5,523.2 (-5%/+15%)' when not; a band wider than the figure itself as its range, named `wide`
+    ('windows' for a bench figure). `spec` formats the figure (the bench prints whole img/s: ',.0f')."""
+    below, above = 100 * (1 - f.low / f.value), 100 * (f.high / f.value - 1)
+    if f.spread >= 1:
+        return f"{f.value:{spec}} ({wide} {f.low:,.0f} to {f.high:,.0f})"
+    if round(below) == round(above):
+        return f"{f.value:{spec}} (±{below:.0f}%)"
+    return f"{f.value:{spec}} (-{below:.0f}%/+{above:.0f}%)"
+
+
 def step_band(img_s: float, median_ms: float, p10_ms: float, p90_ms: float, floor: float = FLOOR) -> Figure:
     """A training run's img/s (images over the total timed time) with the spread of its steps: the p90 and p10
     step relative to the median, applied to the figure. Per-step spread is wider than a window's, so the band
