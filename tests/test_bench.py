@@ -209,9 +209,17 @@ def test_the_loader_keeps_up_only_when_io_stays_above_synthetic_in_every_window(
     row = {"io": windows("io", 58_754, 16_691, 110_813), "synthetic": syn, "full": windows("full", 27_727, 14_930, 32_437)}
     text = data_loading.keeps_up(row)
     assert bench.bound(row) == "compute" and "keeps up on" not in text, text
-    assert text.startswith("IO's slowest window (16,691 img/s) is below SYNTHETIC (30,902)") and "±32%" in text
+    assert text.startswith("IO's slowest window (16,691 img/s) is below SYNTHETIC (30,902)"), text
+    # each band as the verdicts print it: FULL's windows reach 46% below and 17% above it (was a symmetric '±32%')
+    assert "FULL 27,727 (-46%/+17%) is within noise of SYNTHETIC 30,902 (-14%/+19%)" in text and "±" not in text
     steady = {**row, "io": windows("io", 58_754, 31_000, 110_813)}
     assert data_loading.keeps_up(steady).endswith("the loader keeps up on this card at this batch.")
+    # a slowest window inside SYNTHETIC's band is noise, as bench.bound judges it: the loader keeps up
+    in_band = {**row, "io": windows("io", 58_754, 28_000, 110_813)}
+    assert bench.bound(in_band) == "compute" and "SYNTHETIC" not in bench.verdict(
+        in_band, data.TrainConfig(num_workers=8), "cuda")[1].split("—", 1)[1]
+    assert data_loading.keeps_up(in_band).startswith(
+        "IO's slowest window (28,000 img/s) is within or above SYNTHETIC's band, 30,902 (-14%/+19%): the loader keeps up")
     bursty = {**row, "full": windows("full", 20_689, 9_444, 25_000)}
     assert bench.bound(bursty) == "input" and "delivers in bursts" in data_loading.keeps_up(bursty)
     host = {**bursty, "io": windows("io", 58_754, 31_000, 110_813)}
@@ -229,7 +237,8 @@ def test_notebook_03_says_keeps_up_only_beside_a_reference_row_that_keeps_up():
     line = next(x for x in text.splitlines() if x.startswith("- The best CPU pipeline"))
     f = reference.load("03_loader_ladder")["figures"]
     best = max(["workers", "pinned", "prefetcher"], key=lambda k: f[k + "_full"])
-    assert ("keep up on" in line or "keeps up on" in line) == (f[best + "_io_low"] >= f[best + "_synthetic"]), line
+    syn = bench.figure(bench.from_reference(f, best)["synthetic"])  # SYNTHETIC's band, as the verdicts judge it
+    assert ("keep up on" in line or "keeps up on" in line) == (f[best + "_io_low"] >= syn.low), line
 
 
 def test_bursty_input_is_input_bound_not_launch_bound():

@@ -131,8 +131,9 @@ def check_line(records: list[dict]) -> str:
 
 def keeps_up(row: dict) -> str:
     """What one pipeline's IO / SYNTHETIC / FULL (bench Measurements, e.g. bench.from_reference) say of its loader,
-    for notebook 03's GPU summary. The loader keeps up only when IO's slowest window reaches SYNTHETIC: a FULL
-    within noise of SYNTHETIC while IO dips below it is within noise only because FULL's own windows are wide."""
+    for notebook 03's GPU summary, by the rule of the verdicts (bench.bound): the loader keeps up when IO's slowest
+    window reaches SYNTHETIC's band. A FULL within noise of SYNTHETIC while IO dips below that band is within
+    noise only because FULL's own windows are wide; each band is shown as the verdicts show it (noise.shown)."""
     io_, syn, full = row["io"], bench.figure(row["synthetic"]), bench.figure(row["full"])
     kind = bench.bound(row)
     if kind == "launch":
@@ -141,10 +142,11 @@ def keeps_up(row: dict) -> str:
     if kind == "input":
         return (f"{dip}: the loader delivers in bursts, and the step waits in the slow ones." if io_.img_s >= syn.value
                 else f"IO ({io_.img_s:,.0f} img/s) is below SYNTHETIC ({syn.value:,.0f}): the loader is the limit.")
-    if io_.img_s_low >= syn.value:
-        return "IO stays above SYNTHETIC in every window: the loader keeps up on this card at this batch."
-    return (f"{dip}, so the loader does not keep up all the time; FULL is within noise of SYNTHETIC only because "
-            f"its windows span ±{100 * full.spread:.0f}%.")
+    if io_.img_s_low >= syn.low:
+        return (f"IO's slowest window ({io_.img_s_low:,.0f} img/s) is within or above SYNTHETIC's band, "
+                f"{noise.shown(syn, 'windows', ',.0f')}: the loader keeps up on this card at this batch.")
+    return (f"{dip}, so the loader does not keep up all the time; FULL {noise.shown(full, 'windows', ',.0f')} is "
+            f"within noise of SYNTHETIC {noise.shown(syn, 'windows', ',.0f')} only because its windows are that wide.")
 
 
 def ranks(cfg: TrainConfig, sizes: Sizes) -> dict:
