@@ -133,6 +133,19 @@ def test_proxy_module_missing_in_the_server_python_fails(module, expected):
     assert "the given server Python" in check.message
 
 
+def test_proxy_module_missing_without_a_server_to_ask_warns(tmp_path, monkeypatch):
+    """A GPU node with no Jupyter server (a terminal, a notebook run headless) only shows this environment's Python,
+    which need not be the hub's servers': a WARN that says so, not a FAIL that marks the node NOT ready."""
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("JPY_PARENT_PID", raising=False)
+    check = sitecheck.check_proxy(Context(Options(proxy_module="no_such_proxy_module")))
+    assert check.status == "WARN", status(check)
+    assert "is not importable in this environment (" in check.message and ") (" not in check.message
+    assert "no running Jupyter server was found" in check.message
+    found = sitecheck.check_proxy(Context(Options(proxy_module="json")))
+    assert found.status == "PASS" and found.message.endswith("in this environment (no running Jupyter server found)")
+
+
 def _kernel(root: Path, python: str) -> None:
     folder = root / "kernels" / "hpc-workbook"
     folder.mkdir(parents=True)

@@ -263,15 +263,21 @@ def check_proxy(ctx: SiteFacts) -> Check:
         which = "the Python of the Jupyter server " + ("serving this kernel" if server["serves_this_kernel"]
                                                        else f"pid {server['pid']}")
     else:
-        which = "this environment (no running Jupyter server found)"
+        which = "this environment"
     mod = ctx.opts.proxy_module
     probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({mod!r}) is None)"
     code, _ = run_command([python, "-c", probe], ctx.opts.timeout)
+    if code != 0 and which == "this environment":  # no server to ask: the hub's servers may run another Python
+        return Check("proxy", "WARN", f"{mod} is not importable in {which} ({shown(python)}), and no running "
+                     "Jupyter server was found to ask: a JupyterHub server started from this environment could not "
+                     "pass TensorBoard links", "run the check from a notebook on the hub, or pip install "
+                     "jupyter-server-proxy into the servers' environment (the hub admins)")
     if code != 0:
         return Check("proxy", "FAIL", f"{mod} is not importable in {which} ({shown(python)}): TensorBoard links "
                      "will not open on JupyterHub", "pip install jupyter-server-proxy into the server's "
                      "environment (the hub admins), or use ssh -L <port>:127.0.0.1:<port>")
-    return Check("proxy", "PASS", f"{mod} importable in {which}")
+    suffix = " (no running Jupyter server found)" if which == "this environment" else ""
+    return Check("proxy", "PASS", f"{mod} importable in {which}{suffix}")
 
 
 def check_tensorboard(ctx: SiteFacts) -> Check:
