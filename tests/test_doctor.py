@@ -133,6 +133,14 @@ def test_proxy_module_missing_in_the_server_python_fails(module, expected):
     assert "the given server Python" in check.message
 
 
+def test_python_line_names_an_environment_outside_the_workbook_by_its_path(monkeypatch):
+    """A site's environment (/opt/torch/.venv on a GPU node) was shown as '.venv', which reads as the workbook's own."""
+    monkeypatch.setattr(sys, "prefix", "/opt/torch/.venv")
+    assert "in the environment /opt/torch/.venv" in doctor.check_python(Context(Options())).message
+    monkeypatch.setattr(sys, "prefix", str(ROOT / ".venv"))
+    assert "in the environment .venv" in doctor.check_python(Context(Options())).message
+
+
 def test_proxy_module_missing_without_a_server_to_ask_warns(tmp_path, monkeypatch):
     """A GPU node with no Jupyter server (a terminal, a notebook run headless) only shows this environment's Python,
     which need not be the hub's servers': a WARN that says so, not a FAIL that marks the node NOT ready."""

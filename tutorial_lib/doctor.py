@@ -106,7 +106,7 @@ def check_python(ctx: Context) -> Check:
     note = f" (the lock was made with {made.group(1)})" if made else ""
     if sys.version_info < (3, 10):
         return Check("python", "FAIL", f"Python {version} is older than 3.10", "make PYTHON=python3.11 venv")
-    env = _shown(sys.prefix) if not os.path.isabs(_shown(sys.prefix)) else repr(Path(sys.prefix).name)
+    env = _shown(sys.prefix)  # the workbook's own '.venv', or where another one lives (not just its name: '.venv')
     return Check("python", "PASS", f"Python {version} in the environment {env}{note}")
 
 
