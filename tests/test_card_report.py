@@ -45,6 +45,7 @@ def test_the_recommendation_says_which_changes_it_keeps_without_a_gain():
     card's compile, x0.80); the page names them, and beside a faster rung shows the two bands that overlap."""
     gpt = dict(_card("gpt").summary_rows())["recommended"]
     assert gpt.startswith("step_graph:") and "compile (x0.80, slower than fused_adamw)" in gpt
+    assert "among them these, which gained nothing beyond noise where they were added: " in gpt  # was '... too:'
     assert "fused_adamw (x1.04, within noise of bf16)" in gpt and "tf32" not in gpt.split("; the rungs stack")[1]
     vit = dict(_card("vit_b_16").summary_rows())["recommended"]
     assert "within noise of the fastest, step_graph: its band 3,056-3,406 overlaps this one's 3,026-3,392" in vit
@@ -80,3 +81,21 @@ def test_without_two_gpus_the_card_says_how_many_it_would_measure_ddp_on(monkeyp
     gpus, why = card_ddp.gpus_to_measure(None)
     assert gpus == 0 and "this node has 0 GPUs" in why and "every GPU" not in why
     assert "on 1 GPU and on 2 (on 4 where the node has 4 or more)" in why
+
+
+def test_ddp_in_one_process_names_what_the_recommendation_runs_as_ddp():
+    """The H200 cards recommending the whole step as one CUDA graph said that DDP's hooks and buckets (and a graph
+    cut at the buckets) cost that row: with cuda_graph=true the engine runs no DDP module, it does DDP's work by hand
+    inside the graph (engine.Run.wrap)."""
+    gpt = dict(_card("gpt").summary_rows())["DDP in one process (its own cost)"]
+    assert _card("gpt").recommended["changes"]["cuda_graph"] and "hooks" not in gpt
+    assert "done by hand inside the step's CUDA graph (no DDP module" in gpt
+    vit = dict(_card("vit_b_16").summary_rows())["DDP in one process (its own cost)"]  # recommends compile, no graph
+    assert "DDP's gradient hooks and buckets (and a compiled graph cut at the buckets) cost every GPU" in vit
+    assert card_report.ddp_work({}) == "DDP's gradient hooks and buckets cost"
+
+
+def test_a_predicted_range_whose_ends_print_the_same_is_one_figure():
+    """The GPT card made on one H200 printed '0.10-0.10' for 4 GPUs."""
+    assert card_report._ends({"efficiency_exposed": 0.101, "efficiency_hidden": 0.104}) == "0.10"
+    assert card_report._ends({"efficiency_exposed": 0.14, "efficiency_hidden": 0.151}) == "0.14-0.15"

@@ -9,8 +9,9 @@ The card's key ddp_gpus says how many: auto (the default: 2 or 4 on a node with 
 with fewer than 2), 0 (never), or N (N processes; on a CPU they are gloo processes, which is how the tests run it).
 
 On every node, one GPU included, the card also trains its recommendation as DDP in this one process (world size 1:
-`one_process`): DDP's gradient hooks and buckets, and on a compiled model the graph cut at the buckets, cost every
-GPU that much before any communication, and the prediction counts it (allreduce.predict's ddp_step_ms).
+`one_process`): DDP's gradient hooks and buckets, and on a compiled model the graph cut at the buckets (with the whole
+step as one CUDA graph: the engine's DDP by hand inside the graph), cost every GPU that much before any communication,
+and the prediction counts it (allreduce.predict's ddp_step_ms; card_report.ddp_work says which on the page).
 """
 from __future__ import annotations
 

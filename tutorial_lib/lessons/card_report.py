@@ -54,7 +54,7 @@ class Card:
         f = self.bench["figures"]
         io_syn_full = " / ".join(_band(f[m]) if m in f else "-" for m in bench.MEASURES)
         b = self.ddp["bandwidth"]
-        preds = " / ".join(f"{x['efficiency_exposed']:.2f}-{x['efficiency_hidden']:.2f}" for x in self.ddp["rows"])
+        preds = " / ".join(_ends(x) for x in self.ddp["rows"])
         gpus = "/".join(str(x["gpus"]) for x in self.ddp["rows"])
         largest = self.memory["largest_batch"]
         return [
@@ -70,7 +70,8 @@ class Card:
             ("largest batch that fits", f"{largest:,} ({self.memory['why']})" if largest else self.memory["why"]),
             ("gradients all-reduced per step", f"{_mb(p['grad_bytes'])} (fp32)"),
             ("all-reduce bus bandwidth", f"{b['bus_gb_s']:.2f} GB/s between {b['where']}, messages of {_mb(b['nbytes'])}"),
-            ("DDP in one process (its own cost)", one_process_line(self.ddp.get("one_process") or {"why": "not measured"})),
+            ("DDP in one process (its own cost)", one_process_line(self.ddp.get("one_process") or {"why": "not measured"},
+                                                                   rec.get("changes"))),
             (f"DDP efficiency predicted on {gpus} {_units(p)}", f"{preds} (from: nothing overlaps, to: the all-reduce "
                                                           "hides behind the backward pass" +
              ("; each rank's step as DDP's in one process" if (self.ddp.get("one_process") or {}).get("why") is None
@@ -93,8 +94,9 @@ class Card:
                      f"overlaps this one's {_range(ladder.figure(r))} samples/s)")
         kept = self.kept_without_gain()
         if kept:
-            line += ("; the rungs stack, so it carries its change and every change below it, these without a gain "
-                     "beyond noise too: " + ", ".join(f"{k} ({self.verdicts[k]})" for k in kept))
+            line += ("; the rungs stack, so it carries its change and every change below it, among them these, which "
+                     "gained nothing beyond noise where they were added: " +
+                     ", ".join(f"{k} ({self.verdicts[k]})" for k in kept))
         return line
 
     def kept_without_gain(self) -> list[str]:
@@ -184,7 +186,7 @@ def measured_line(measured: dict, predicted: list[dict]) -> str:
         return measured["why"]
     n, unit = measured["gpus"], measured.get("unit", "GPUs")
     pred = next((p for p in predicted if p["gpus"] == n), None)
-    beside = (f"; predicted {pred['efficiency_exposed']:.2f}-{pred['efficiency_hidden']:.2f}" if pred else "")
+    beside = f"; predicted {_ends(pred)}" if pred else ""
     if pred and round(measured["efficiency"], 2) < round(pred["efficiency_exposed"], 2):
         beside += (": measured below the range. The prediction leaves out what it does not model: communication and "
                    "compute slowing each other on the GPU, and ranks waiting for the slowest one")
@@ -194,16 +196,33 @@ def measured_line(measured: dict, predicted: list[dict]) -> str:
             f"{n} x {measured['one_gpu_samples_s']:,.1f} on 1){beside}")
 
 
-def one_process_line(alone: dict) -> str:
-    """The card's row "DDP in one process": the recommendation wrapped in DDP with no other rank (card_ddp.one_process)
-    against the recommendation, or why it was not measured."""
+def one_process_line(alone: dict, changes: dict | None = None) -> str:
+    """The card's row "DDP in one process": the recommendation (its `changes` from fp32) as DDP with no other rank
+    (card_ddp.one_process) against the recommendation, or why it was not measured."""
     if alone.get("why"):
         return alone["why"] + "; the prediction below leaves DDP's own cost out"
     r = alone["row"]
     words = {"<": "slower beyond noise", "≈": "within noise", ">": "faster beyond noise: the prediction counts it as no cost"}[alone["relation"]]
     return (f"x{alone['factor']:.2f} of the recommendation ({words}): {r['img_s']:,.1f} samples/s, step "
-            f"{alone['step_ms']:.2f} ms; what DDP's gradient hooks and buckets (and a compiled graph cut at the "
-            "buckets) cost every GPU before any communication")
+            f"{alone['step_ms']:.2f} ms; what {ddp_work(changes or {})} every GPU before any byte travels to another")
+
+
+def ddp_work(changes: dict) -> str:
+    """What the engine's DDP adds to the step of a configuration that changes `changes` (engine.Run.wrap), with its
+    verb: DDP's module with its hooks and buckets, or, with the whole step as one CUDA graph, no DDP module at all."""
+    cfg = TrainConfig(parallel="ddp", **{k: v for k, v in changes.items() if k in TrainConfig.__dataclass_fields__})
+    if cfg.cuda_graph:
+        return ("DDP's work, done by hand inside the step's CUDA graph (no DDP module: rank 0's buffers broadcast, the "
+                "gradients packed into one buffer and all-reduced after the backward pass), costs")
+    if cfg.sync_mode() == "flat":
+        return "DDP's module and one flat all-reduce of the gradients after the backward pass cost"
+    return "DDP's gradient hooks and buckets" + (" (and a compiled graph cut at the buckets)" if cfg.compile else "") + " cost"
+
+
+def _ends(pred: dict) -> str:
+    """A predicted efficiency's two ends ("0.48-0.79"), or one figure where they print the same ("0.10")."""
+    lo, hi = f"{pred['efficiency_exposed']:.2f}", f"{pred['efficiency_hidden']:.2f}"
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def _bound_only(verdict: str | None) -> str | None:
