@@ -91,7 +91,7 @@ def test_ddp_in_one_process_names_what_the_recommendation_runs_as_ddp():
     assert _card("gpt").recommended["changes"]["cuda_graph"] and "hooks" not in gpt
     assert "done by hand inside the step's CUDA graph (no DDP module" in gpt
     vit = dict(_card("vit_b_16").summary_rows())["DDP in one process (its own cost)"]  # recommends compile, no graph
-    assert "DDP's gradient hooks and buckets (and a compiled graph cut at the buckets) cost every GPU" in vit
+    assert "DDP's gradient hooks and buckets (and a compiled graph cut at the buckets) cost every rank" in vit
     assert card_report.ddp_work({}) == "DDP's gradient hooks and buckets cost"
 
 

@@ -204,7 +204,7 @@ def one_process_line(alone: dict, changes: dict | None = None) -> str:
     r = alone["row"]
     words = {"<": "slower beyond noise", "≈": "within noise", ">": "faster beyond noise: the prediction counts it as no cost"}[alone["relation"]]
     return (f"x{alone['factor']:.2f} of the recommendation ({words}): {r['img_s']:,.1f} samples/s, step "
-            f"{alone['step_ms']:.2f} ms; what {ddp_work(changes or {})} every GPU before any byte travels to another")
+            f"{alone['step_ms']:.2f} ms; what {ddp_work(changes or {})} every rank before any byte travels to another")
 
 
 def ddp_work(changes: dict) -> str:
