@@ -612,3 +612,27 @@ def test_the_energy_check_line_reads_the_cluster_record(tmp_path):
     reference.write("06_cluster_checks", {**rec["figures"], "energy": {"why": "no nvidia-smi here"}},
                     script=rec["script"], folder=tmp_path, card="CPU (small mode)", gpus=0, torch_version="2.14.1")
     assert scaling_study.energy_check_line(tmp_path).endswith(": no nvidia-smi here")
+
+
+def test_a_band_below_one_never_prints_as_reaching_one():
+    """06's reference table printed the sqrt race run's band 0.816-0.997 as '0.82-1.00' beside 'below 4 x one GPU'
+    and a cost line 'faster, not cheaper': the band is rounded inward, so it reaches 1 on the page only when it
+    does in the verdict (05's table prints its bands the same way)."""
+    assert scaling_study.shown_band(0.8162568, 0.9971447) == "0.82-0.99"
+    assert scaling_study.shown_band(0.8243465, 1.0070271) == "0.83-1.00"
+    assert scaling_study.shown_band(0.9512, 0.9549) == "0.951-0.955"  # too narrow to round inward
+    f = reference.load("06_scaling")["figures"]
+    for row in scaling_study.scaling_rows(f):
+        lo, hi = (float(x) for x in scaling_study.shown_band(*row["efficiency_band"]).split("-"))
+        assert (hi >= 1) == (row["efficiency_band"][1] >= 1) and (lo <= 1) == (row["efficiency_band"][0] <= 1)
+    assert "| 0.14 (0.11-0.18) | slower than one GPU |" in dpddp.table(reference.load("05_dp_vs_ddp")["figures"])
+    nb = json.loads((ROOT / "notebooks" / "06_scaling.ipynb").read_text())
+    assert any("tl.scaling_study.shown_band(lo, hi)" in "".join(c["source"]) for c in nb["cells"])
+
+
+def test_a_case_line_counts_its_gpus_in_words():
+    """The study's and the card's log printed 'ddp_2   2 GPU   964 img/s'."""
+    rec = {"case": "ddp_2", "gpus": 2, "status": "ok", "wall_s": 11,
+           "result": {"throughput_img_s": 964.0, "step_time_ms": {"median": 7.68, "p10": 5.78, "p90": 10.02}}}
+    assert cases_mod.line(rec).split()[1:3] == ["2", "GPUs"]
+    assert cases_mod.line({"case": "one_gpu", "gpus": 1, "status": "skipped: x"}).split()[1:] == ["1", "GPU", "skipped:", "x"]

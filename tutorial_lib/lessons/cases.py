@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .. import engine, trace_summary
 from ..config import TrainConfig, UserError, given_gpus, usable_cpus
+from ..values import count
 
 KEEP = ("config", "device", "world_size", "steps", "global_batch", "throughput_img_s", "step_time_ms",
         "data_wait_ms", "val_accuracy", "peak_memory_mb", "wall_time_s", "torch_version", "compile_time_s",
@@ -220,11 +221,11 @@ def why_missing(rec: dict, node_gpus: int | None = None) -> str:
 
 def line(rec: dict) -> str:
     """One line per case for the study's log: its img/s and step time, or its status."""
-    r = rec.get("result")
+    r, gpus = rec.get("result"), count(rec["gpus"], "GPU")
     if not r or r.get("throughput_img_s") is None:
-        return f"{rec['case']:28s} {rec['gpus']} GPU  {rec['status']}"
+        return f"{rec['case']:28s} {gpus:7s}  {rec['status']}"
     s = r["step_time_ms"]
-    return (f"{rec['case']:28s} {rec['gpus']} GPU  {r['throughput_img_s']:>10,.0f} img/s  step {s['median']:.2f} ms "
+    return (f"{rec['case']:28s} {gpus:7s}  {r['throughput_img_s']:>10,.0f} img/s  step {s['median']:.2f} ms "
             f"(p10 {s['p10']:.2f}, p90 {s['p90']:.2f})  {rec['wall_s']:.0f} s")
 
 

@@ -26,6 +26,7 @@ import torch
 
 from . import scaling
 from .cases import Case, Runner, Selection, node_gpus, trace_figures, why_missing
+from .scaling_study import shown_band
 from ..config import TrainConfig, UserError
 
 BUDGET_S = 480  # full size: cases that would start past this are skipped (and say so); one device call is 600 s
@@ -210,7 +211,7 @@ def table(figures: dict, parallel: str | None = None) -> str:
         lo, hi = r["efficiency_band"]
         lines.append(f"| {r['about']} | {r['gpus']} | {r['batch_per_gpu']} | {r['img_s']:,.0f} | "
                      f"{r['baseline_img_s']:,.0f} ({r['baseline']}) | {r['speedup']:.2f}x | {r['efficiency']:.2f} "
-                     f"({lo:.2f}-{hi:.2f}) | {r['verdict']} |")
+                     f"({shown_band(lo, hi)}) | {r['verdict']} |")
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ noise rule (tl.scaling.scaling_verdict).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -233,6 +234,14 @@ def scaling_rows(fig: dict) -> list[dict]:
     return out
 
 
+def shown_band(lo: float, hi: float) -> str:
+    """An efficiency's band at two decimals, rounded inward (the low end up, the high end down), so that the printed
+    band reaches 1 (or one GPU's 1/N) exactly when the band its verdict judged does: 0.816-0.997 prints 0.82-0.99,
+    not 0.82-1.00 beside "below 4 x one GPU". A band too narrow for that prints at three decimals."""
+    up, down = math.ceil(lo * 100 - 1e-9) / 100, math.floor(hi * 100 + 1e-9) / 100
+    return f"{up:.2f}-{down:.2f}" if up <= down else f"{lo:.3f}-{hi:.3f}"
+
+
 def cost_lines(fig: dict) -> list[str]:
     """What each multi-GPU point costs next to what it gains: GPU-seconds per million images (N GPUs / img/s;
     1 / efficiency times one GPU's), so a point that is faster but dearer says so. Dearer only where the
@@ -253,7 +262,7 @@ def cost_lines(fig: dict) -> list[str]:
             out.append(f"{what}, at {1 / p.efficiency:.2f}x the GPU-hours per image ({cost}): faster, not cheaper")
         else:
             out.append(f"{what}, as cheap per image as one GPU within noise ({cost}; efficiency band "
-                       f"{lo:.2f}-{hi:.2f})")
+                       f"{shown_band(lo, hi)})")
     if out and not any(line.endswith("not cheaper") for line in out):
         out.append("measured: no point here costs more per image than one GPU beyond the noise")
     return out
