@@ -99,3 +99,12 @@ def test_a_predicted_range_whose_ends_print_the_same_is_one_figure():
     """The GPT card made on one H200 printed '0.10-0.10' for 4 GPUs."""
     assert card_report._ends({"efficiency_exposed": 0.101, "efficiency_hidden": 0.104}) == "0.10"
     assert card_report._ends({"efficiency_exposed": 0.14, "efficiency_hidden": 0.151}) == "0.14-0.15"
+
+
+def test_a_recommendation_as_one_cuda_graph_says_which_end_of_the_range_it_runs_at():
+    """The range's upper end hides the all-reduce behind the backward pass; the H200 GPT card recommends the whole
+    step as one CUDA graph, whose DDP (ddp_sync=auto) all-reduces after the backward pass: the page says so."""
+    gpt = next(v for k, v in _card("gpt").summary_rows() if k.startswith("DDP efficiency predicted"))
+    assert "as one CUDA graph the recommendation all-reduces after the backward pass, at the first end" in gpt
+    vit = next(v for k, v in _card("vit_b_16").summary_rows() if k.startswith("DDP efficiency predicted"))
+    assert "at the first end" not in vit  # compile, no graph: DDP's hooks overlap the backward pass

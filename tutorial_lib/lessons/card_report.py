@@ -75,7 +75,7 @@ class Card:
             (f"DDP efficiency predicted on {gpus} {_units(p)}", f"{preds} (from: nothing overlaps, to: the all-reduce "
                                                           "hides behind the backward pass" +
              ("; each rank's step as DDP's in one process" if (self.ddp.get("one_process") or {}).get("why") is None
-              else "; DDP's own cost left out") + ")" + _floor_note(p, b)),
+              else "; DDP's own cost left out") + ")" + _overlap_note(rec.get("changes") or {}) + _floor_note(p, b)),
             ("DDP efficiency measured", measured_line(self.ddp.get("measured") or {"why": "not measured"},
                                                       self.ddp["rows"])),
             ("training job", self.job.get("path") or self.job["why"]),
@@ -306,6 +306,15 @@ def write_job(specs: dict, rec_cfg: TrainConfig, jobs_dir, site: str | None, ste
 def _units(probe: dict) -> str:
     """What the prediction is for: GPUs on a GPU card, CPU processes (gloo) on a CPU, whose step and bandwidth it uses."""
     return "GPUs" if probe.get("device_type") == "cuda" else "CPU processes (gloo)"
+
+
+def _overlap_note(changes: dict) -> str:
+    """Which end the recommendation runs at as the engine's DDP: with the whole step as one CUDA graph, ddp_sync=auto
+    all-reduces after the backward pass (engine.Run.graph_body), so nothing overlaps unless ddp_sync=buckets."""
+    if not changes.get("cuda_graph"):
+        return ""
+    return ("; as one CUDA graph the recommendation all-reduces after the backward pass, at the first end "
+            "(ddp_sync=buckets lets the all-reduce overlap the backward pass inside the graph)")
 
 
 def _floor_note(probe: dict, bandwidth: dict) -> str:
