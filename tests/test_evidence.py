@@ -145,6 +145,36 @@ def test_bf16_is_judged_against_fp32_and_against_the_row_it_changes():
     assert ladder.against(gpu, "tf32", "fp32") == ladder.verdicts(gpu)["tf32"]
 
 
+def test_a_compiled_rung_pays_back_only_a_gain_beyond_the_noise():
+    """One H200 run: compile at x1.14 over fused_adamw within noise printed "pays back after 9,247 steps"."""
+    def compiled(rung, img_s, median, p10, p90, compile_s):
+        return {**row(rung, img_s, median, p10, p90), "compile_s": compile_s}
+
+    rows = [row("fused_adamw", 23_436, 11.18, 8.63, 12.91), compiled("compile", 26_751, 9.55, 8.04, 10.91, 15.0),
+            compiled("reduce_overhead", 52_537, 4.87, 4.80, 4.95, 10.7), compiled("step_graph", 20_000, 12.8, 12.7, 12.9, 0.9)]
+    lines = evidence.payback_lines(rows)
+    assert lines[0].startswith("compile: compiled in 15 s, mean step 9.57 against 10.92 ms (x1.14, within noise of "
+                               "fused_adamw): the gain is within noise, so no pay-back is shown (at these means: after ")
+    assert "pays back after 1,768 steps" in lines[1] and "faster than fused_adamw" in lines[1]
+    assert "its mean step is not shorter, so nothing pays the compile back" in lines[2]
+    assert "on-disk cache" in lines[2] and "on-disk cache" not in lines[1]  # 0.9 s against the first rung's 15 s
+    cpu = [row("fused_adamw", 300), {**row("compile", 0, skipped="CPU"), "compile_s": None}]
+    assert evidence.payback_lines(cpu) == [] and evidence.payback_lines(rows[1:]) == []
+
+
+def test_a_stored_bench_verdict_says_when_its_bands_are_narrower_than_todays():
+    """The ladder's references store the bench's verdict text, not its windows: '(±0%)' is told, not judged again."""
+    def rec(verdict):
+        return {"card": "NVIDIA H100 80GB HBM3", "gpus": 1, "torch": "2.11.0+cu130", "date": "2026-11-27",
+                "figures": {"bench_optimized": {"dataloader": {"verdict": verdict}}}}
+
+    old = evidence.bench_reference_lines([rec("input-bound: FULL 30,947 (±64%) < SYNTHETIC 83,426 (±0%) img/s")])
+    assert old[0] == "-- loader=dataloader on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, 2026-11-27, as the bench printed it then:"
+    assert old[1].endswith("(±0%) img/s") and "not yet print every band as at least ±5%" in old[-1]
+    assert len(evidence.bench_reference_lines([rec("compute-bound: FULL 82,456 (±5%) ≈ SYNTHETIC 83,306 (-5%/+9%)")])) == 2
+    assert evidence.bench_reference_lines([{"figures": {}}]) == []
+
+
 def test_the_gpu_precision_race_is_rebuilt_from_its_reference_record():
     """A learner without a GPU sees the race's answer: the recorded seeds, judged by today's rule."""
     record = {"card": "NVIDIA H200", "gpus": 1, "torch": "2.11.0+cu130", "date": "2026-11-27", "figures": {

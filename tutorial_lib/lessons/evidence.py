@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import statistics
 
 import torch
@@ -42,6 +43,57 @@ def bf16_line(rows: list[dict]) -> str:
     if base != "fp32":
         words.append(f"{ladder.against(rows, 'bf16', base)} (the row it changes)")
     return "; ".join(words)
+
+
+def mean_step_ms(r: dict) -> float:
+    """A measured row's mean step: its batch over its img/s (what the run's clock sees, data waits included)."""
+    return 1000 * r["batch"] / r["img_s"]
+
+
+def payback_lines(rows: list[dict], eager: str = "fused_adamw",
+                  compiled: tuple[str, ...] = ("compile", "reduce_overhead", "step_graph")) -> list[str]:
+    """For each compiled rung: its compile time, its mean step against the eager rung's, the verdict of the noise
+    rule (ladder.against), and after how many steps the compile time is paid back. A pay-back is only stated for
+    a gain beyond the noise; within noise the steps it would take are given as what the means say, not more.
+    [] when the rows hold no compiled rung or no `eager` row (a CPU run)."""
+    got = {r["rung"]: r for r in rows if not r["skipped"]}
+    if eager not in got or not set(compiled) & set(got):
+        return []
+    base = mean_step_ms(got[eager])
+    lines = []
+    for name in [n for n in compiled if n in got]:
+        r, said = got[name], ladder.against(rows, name, eager)
+        ms = mean_step_ms(r)
+        steps = 1000 * r["compile_s"] / (base - ms) if base > ms else None
+        if steps is None:
+            pays = "its mean step is not shorter, so nothing pays the compile back"
+        elif " faster " in said:
+            pays = f"pays back after {steps:,.0f} steps"
+        else:
+            pays = f"the gain is within noise, so no pay-back is shown (at these means: after {steps:,.0f} steps)"
+        first = got.get("compile", {}).get("compile_s") or 0
+        cached = (" (Inductor's on-disk cache already held most of its kernels, compiled for the rungs above: on a "
+                  "fresh machine it pays the compile rung's time once)"
+                  if name != "compile" and r["compile_s"] < 0.25 * first else "")
+        lines.append(f"{name}: compiled in {r['compile_s']:.0f} s, mean step {ms:.2f} against {base:.2f} ms "
+                     f"({said}): {pays}{cached}")
+    return lines
+
+
+def bench_reference_lines(records: list[dict]) -> list[str]:
+    """The bench at the optimized recipe as each card's reference run stored it (figures.bench_optimized): the
+    verdict in the words the bench printed that day. Its bands cannot be judged again (a reference file keeps no
+    windows), so where a band is narrower than today's noise.FLOOR a last line says so."""
+    lines, narrow = [], False
+    for rec in records:
+        for loader, b in rec["figures"].get("bench_optimized", {}).items():
+            lines += [f"-- loader={loader} on {reference.where(rec)}, as the bench printed it then:", b["verdict"]]
+            narrow |= any(int(n) < 100 * noise.FLOOR for n in re.findall(r"\(±(\d+)%\)", b["verdict"]))
+    if narrow:
+        lines.append(f"(those verdicts' bands are half the range of their windows alone: the bench of that day did "
+                     f"not yet print every band as at least ±{100 * noise.FLOOR:.0f}%, as today's does; a reference "
+                     "file keeps no windows, so they cannot be judged again)")
+    return lines
 
 
 # The pairs' own folder: in runs/04_ladder they would replace the gpu_resident rung that ladder.gather reads.
