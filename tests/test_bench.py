@@ -271,3 +271,11 @@ def test_a_verdict_can_be_judged_again_from_a_reference_row():
     figures = bench.from_reference(f, "w")
     assert set(figures) == set(bench.MEASURES) and figures["io"].img_s_low == 8_000.0
     assert bench.bound(figures) == "input"
+
+
+def test_a_rate_below_100_img_s_keeps_a_decimal():
+    """A large model on a CPU benches at a few samples/s: '2 > 1' said nothing a learner could check."""
+    figures = {"io": fig("io", 5_000.0, 0.1), "synthetic": fig("synthetic", 1.43, 0.01), "full": fig("full", 1.38)}
+    _, text = bench.verdict(figures, data.TrainConfig(num_workers=0), "cpu")
+    assert "FULL 1.4 (±5%) ≈ SYNTHETIC 1.4 (±5%) < IO 5,000 (±10%)" in text, text
+    assert "SYNTHETIC        1.4 img/s  (windows 1.4-1.4," in figures["synthetic"].line("CPU", 1)

@@ -50,8 +50,9 @@ class Measurement:
 
     def line(self, device: str, world_size: int) -> str:
         ranks = f"slowest of {world_size} ranks" if world_size > 1 else "1 rank"
-        return (f"{self.measure.upper():9s} {self.img_s:>10,.0f} img/s  (windows {self.img_s_low:,.0f}-"
-                f"{self.img_s_high:,.0f}, {self.windows} x {self.window_steps} steps, {ranks}) on {device}")
+        n = spec(self.img_s)
+        return (f"{self.measure.upper():9s} {self.img_s:>10{n}} img/s  (windows {self.img_s_low:{n}}-"
+                f"{self.img_s_high:{n}}, {self.windows} x {self.window_steps} steps, {ranks}) on {device}")
 
 
 @dataclass
@@ -230,10 +231,11 @@ def verdict(figures: dict, cfg: TrainConfig, device_type: str) -> tuple[str, str
     io_, syn = figure(figures["io"]), figure(figures["synthetic"])
     full = figure(figures["full"]) if "full" in figures else None
     f = {m: _figure(fig) for m, fig in figures.items()}
+    slow = f"{figures['io'].img_s_low:{spec(syn.value)}}"  # IO's slowest window
     bursts = kind == "input" and io_.value >= (1 - CLOSE) * syn.value
     if bursts:
         text = (f"input-bound in bursts: FULL {f['full']} < SYNTHETIC {f['synthetic']} img/s; IO averages "
-                f"{f['io']} but its slowest window delivers {figures['io'].img_s_low:,.0f}, below SYNTHETIC: the step "
+                f"{f['io']} but its slowest window delivers {slow}, below SYNTHETIC: the step "
                 f"waits for batches in the slow windows — {input_knob(cfg, device_type)}")
     elif kind == "input":
         head = f"FULL {f['full']} {_relation(full, io_)} " if full else ""
@@ -249,7 +251,7 @@ def verdict(figures: dict, cfg: TrainConfig, device_type: str) -> tuple[str, str
         text = (f"compute-bound: {head}SYNTHETIC {f['synthetic']} < IO {f['io']} img/s — "
                 f"{compute_knob(cfg, device_type)}")
         if full is not None and figures["io"].img_s_low < syn.low:
-            text += (f". IO's slowest window ({figures['io'].img_s_low:,.0f}) is below SYNTHETIC: the batches the "
+            text += (f". IO's slowest window ({slow}) is below SYNTHETIC: the batches the "
                      "loader had queued bridged it this time; a longer slow spell would stall the step")
     else:
         tail = f", FULL {f['full']}" if full else ""
@@ -270,7 +272,12 @@ def verdict(figures: dict, cfg: TrainConfig, device_type: str) -> tuple[str, str
 def _figure(m: Measurement) -> str:
     """A figure with its band as the verdicts judge it (`figure`: the windows, noise.FLOOR at least), e.g.
     '9,300 (±5%)'; windows that differ by more than the figure itself: their range."""
-    return noise.shown(figure(m), "windows", ",.0f")
+    return noise.shown(figure(m), "windows", spec(m.img_s))
+
+
+def spec(img_s: float) -> str:
+    """How the bench prints a rate: whole images per second, one decimal below 100 (a large model on a CPU)."""
+    return ",.1f" if img_s < 100 else ",.0f"
 
 
 def _relation(a: noise.Figure, b: noise.Figure) -> str:

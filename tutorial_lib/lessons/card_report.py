@@ -235,7 +235,7 @@ def _bound_only(verdict: str | None) -> str | None:
 
 def _band(m: dict) -> str:
     """A bench figure as the bench's verdict prints it (slowest to fastest window, noise.FLOOR at least)."""
-    return noise.shown(noise.Figure.of(m["img_s"], m["img_s_low"], m["img_s_high"]), "windows", ",.0f")
+    return noise.shown(noise.Figure.of(m["img_s"], m["img_s_low"], m["img_s_high"]), "windows", bench.spec(m["img_s"]))
 
 
 def _measurement(m: dict) -> bench.Measurement:
