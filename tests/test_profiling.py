@@ -299,3 +299,29 @@ def test_host_parts_leave_out_the_phases_inside_them():
         PARTS.enabled = False
     assert 40 <= parts["outer"] < 90 and 95 <= parts["inner"] < 150, parts
     assert parts["step"] >= parts["outer"] + parts["inner"]
+
+
+def _notebook_02_cell(fragment: str) -> str:
+    nb = json.loads((Path(__file__).parents[1] / "notebooks" / "02_profiling.ipynb").read_text())
+    return next("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code" and fragment in "".join(c["source"]))
+
+
+def test_notebook_02_gpu_lines_and_peak_memory_read_right_with_h200_figures(capsys):
+    """Notebook 02's GPU-only lines, run with the figures of its H200 run (torch 2.11): the line profiler's forward,
+    backward and optimizer lines (23.5 ms) against the mean step *without* its wait for data (48.0 ms of which
+    the first batch's wait for the starting workers was most; the lines of train_step never contain it: printed
+    as '49% of the 48.0 ms mean step'), and the whole run's peak against the trace's GPU peak, not its CPU's."""
+    from types import SimpleNamespace as NS
+
+    import tutorial_lib as tl
+
+    result = NS(step_time_ms={"mean": 48.0}, data_wait_ms=19.3, device="NVIDIA H200", peak_memory_mb=5_095.0)
+    line_ms = {"forward": 8.13, "backward": 9.09, "optimizer": 6.30}
+    exec(_notebook_02_cell("forward + backward + optimizer lines"), {"tl": tl, "report": NS(result=result),
+                                                                      "line_ms": line_ms})
+    here = capsys.readouterr().out.splitlines()[-1]
+    assert here.startswith("Here, on NVIDIA H200: forward + backward + optimizer lines 23.5 ms per step, 82% of "
+                           "the 28.7 ms mean step without its wait for data (48.0 ms less 19.3 ms"), here
+    trace = NS(peak_memory_mb={"GPU 0": 1_540.6, "CPU": 2_000.0}, memory_line=lambda: "peak memory ...")
+    exec(_notebook_02_cell("max_memory_allocated over the run"), {"summary": [trace], "result": result})
+    assert "5,095 MB on NVIDIA H200 (3.3x the recorded steps' GPU peak)" in capsys.readouterr().out
