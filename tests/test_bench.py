@@ -279,3 +279,15 @@ def test_a_rate_below_100_img_s_keeps_a_decimal():
     _, text = bench.verdict(figures, data.TrainConfig(num_workers=0), "cpu")
     assert "FULL 1.4 (±5%) ≈ SYNTHETIC 1.4 (±5%) < IO 5,000 (±10%)" in text, text
     assert "SYNTHETIC        1.4 img/s  (windows 1.4-1.4," in figures["synthetic"].line("CPU", 1)
+
+
+def test_outside_a_slurm_job_the_knob_speaks_of_this_process_not_a_task(monkeypatch):
+    """A GPU node without Slurm (notebook 03 on a lent H200) has no task: 'you have 16 CPUs per task' was wrong."""
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    monkeypatch.setattr(bench, "usable_cpus", lambda: 16)
+    assert bench.input_knob(data.TrainConfig(num_workers=8), "cpu") == \
+        "raise num_workers (now 8; you have 16 CPUs for this process)"
+    assert bench.input_knob(data.TrainConfig(num_workers=15), "cpu") == \
+        "more CPUs (in a Slurm job: --cpus-per-task): num_workers=15 already uses the 16 this process may use"
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "16")
+    assert bench.input_knob(data.TrainConfig(num_workers=8), "cpu").endswith("you have 16 CPUs per task)")

@@ -20,6 +20,7 @@ import collections
 import contextlib
 import io
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -302,11 +303,15 @@ def input_knob(cfg: TrainConfig, device_type: str) -> str:
     if device_type == "cuda":
         knobs.append(f"move loading and augmentation to the GPU (loader=gpu_resident: {dataset_mb(cfg):,.0f} MB "
                      "of images)")
-    workers = cfg.workers()
+    workers, in_job = cfg.workers(), bool(os.environ.get("SLURM_CPUS_PER_TASK"))
     if workers < cpus - 1:
-        knobs.append(f"raise num_workers (now {workers}; you have {cpus} CPUs per task)")
-    else:
+        knobs.append(f"raise num_workers (now {workers}; you have {count(cpus, 'CPU')} "
+                     + ("per task)" if in_job else "for this process)"))
+    elif in_job:
         knobs.append(f"ask for more CPUs per task: num_workers={workers} already uses your {cpus}")
+    else:
+        knobs.append(f"more CPUs (in a Slurm job: --cpus-per-task): num_workers={workers} already uses the {cpus} "
+                     "this process may use")
     return " or ".join(knobs)
 
 
