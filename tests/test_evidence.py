@@ -195,6 +195,18 @@ def test_the_gpu_precision_race_is_rebuilt_from_its_reference_record():
     assert "| bf16 | 98.0, 99.0, 98.5 % | higher than fp32" in table and "not reached" in table
 
 
+def test_a_race_reference_that_is_this_run_is_told_apart():
+    """Under the GPU run that records it, the race's reference is the run just made: no second run."""
+    mine = [{"precision": "fp32", "accuracy": [0.9, 0.95], "last_loss": [0.1, 0.08]},
+            {"precision": "bf16", "accuracy": [0.93, 0.94], "last_loss": [0.09, 0.07]}]
+    rec = {"figures": {"fp32_accuracy": [0.9, 0.95], "fp32_last_loss": [0.1, 0.08], "bf16_accuracy": [0.93, 0.94],
+                       "bf16_last_loss": [0.09, 0.07]}}
+    assert evidence.same_race(mine, rec)
+    assert not evidence.same_race(mine, {"figures": {**rec["figures"], "bf16_accuracy": [0.93, 0.95]}})
+    assert not evidence.same_race(mine, None) and not evidence.same_race([], rec)
+    assert not evidence.same_race(mine, reference.load("04_mixed_precision"))
+
+
 def test_the_committed_precision_reference_makes_a_table():
     rec = reference.load("04_mixed_precision")
     rows = evidence.precision_reference(rec)

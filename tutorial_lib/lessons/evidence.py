@@ -189,6 +189,14 @@ def precision_reference(record: dict) -> list[dict]:
              "skipped_steps": f.get(f"{p}_skipped_steps")} for p in got]
 
 
+def same_race(verdicts: list[dict], record: dict | None) -> bool:
+    """Whether a reference run of the race holds this run's figures seed for seed (the GPU run that records the
+    reference shows its own run as the reference): then it is no second run to hold this one against."""
+    f = (record or {}).get("figures", {})
+    return bool(verdicts) and all(f.get(f"{v['precision']}_accuracy") == list(v["accuracy"])
+                                  and f.get(f"{v['precision']}_last_loss") == list(v["last_loss"]) for v in verdicts)
+
+
 def precision_table(rows: list[dict], target: float) -> str:
     """The comparison as a Markdown table: one row per precision, the seeds' values side by side."""
     def seeds(values, fmt):
