@@ -291,3 +291,19 @@ def test_outside_a_slurm_job_the_knob_speaks_of_this_process_not_a_task(monkeypa
         "more CPUs (in a Slurm job: --cpus-per-task): num_workers=15 already uses the 16 this process may use"
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "16")
     assert bench.input_knob(data.TrainConfig(num_workers=8), "cpu").endswith("you have 16 CPUs per task)")
+
+
+def test_a_loader_that_stalls_the_step_is_input_bound_even_when_the_stalls_widen_fulls_band():
+    """Notebook 03 on one H200, 8 workers: FULL averaged 13,609 (31% of its time waiting for batches), below
+    every window of SYNTHETIC (18,330-23,182), and IO's slowest window delivered 8,382; FULL's own windows
+    (5,157-19,071) overlapped SYNTHETIC's only because the stalls spread them. It was called compute-bound with
+    'the batches the loader had queued bridged it this time'."""
+    figures = {"io": windows("io", 30_895, 8_382, 56_504), "synthetic": windows("synthetic", 20_629, 18_330, 23_182),
+               "full": windows("full", 13_609, 5_157, 19_071)}
+    assert bench.bound(figures) == "input"
+    _, text = bench.verdict(figures, data.TrainConfig(num_workers=8), "cuda")
+    assert text.startswith("input-bound in bursts: FULL 13,609") and "bridged" not in text, text
+    # the same FULL with a loader that never dips below SYNTHETIC: not the loader (FULL within its band: compute)
+    figures["io"] = windows("io", 30_895, 25_000, 56_504)
+    figures["full"] = windows("full", 19_500, 17_000, 21_000)
+    assert bench.bound(figures) == "compute"

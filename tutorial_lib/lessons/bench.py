@@ -209,7 +209,8 @@ def bound(figures: dict) -> str | None:
     """What bounds the run. IO against SYNTHETIC on average (within CLOSE: balanced), FULL against SYNTHETIC
     window by window (noise.relation: overlapping bands are equal): "input" when IO is below SYNTHETIC, or when
     FULL is below SYNTHETIC while IO's slowest window is too (the loader delivers in bursts and the step waits
-    in the slow ones); "launch" when FULL is below SYNTHETIC although IO keeps up in every window; "compute"
+    in the slow ones; there FULL's mean below SYNTHETIC's band is enough, since the waits are what widen FULL's
+    band); "launch" when FULL is below SYNTHETIC although IO keeps up in every window; "compute"
     when SYNTHETIC is below IO and FULL reaches it; else "balanced"."""
     if "io" not in figures or "synthetic" not in figures:
         return None
@@ -217,8 +218,11 @@ def bound(figures: dict) -> str | None:
     full = figure(figures["full"]) if "full" in figures else None
     if io_ < (1 - CLOSE) * syn.value:
         return "input"
+    io_dips = figures["io"].img_s_low < syn.low
+    if full is not None and io_dips and full.value < syn.low:  # stalls widen FULL's band: its mean decides here
+        return "input"
     if full is not None and noise.relation(full, syn) == "<":
-        return "input" if figures["io"].img_s_low < syn.low else "launch"
+        return "input" if io_dips else "launch"
     if syn.value < (1 - CLOSE) * io_:
         return "compute"
     return "balanced"
