@@ -63,11 +63,12 @@ def payback_lines(rows: list[dict], eager: str = "fused_adamw",
     lines = []
     for name in [n for n in compiled if n in got]:
         r, said = got[name], ladder.against(rows, name, eager)
+        faster = noise.relation(ladder.figure(r), ladder.figure(got[eager])) == ">"  # the verdict `said` words
         ms = mean_step_ms(r)
         steps = 1000 * r["compile_s"] / (base - ms) if base > ms else None
         if steps is None:
             pays = "its mean step is not shorter, so nothing pays the compile back"
-        elif " faster " in said:
+        elif faster:
             pays = f"pays back after {steps:,.0f} steps"
         else:
             pays = f"the gain is within noise, so no pay-back is shown (at these means: after {steps:,.0f} steps)"
