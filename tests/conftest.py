@@ -93,6 +93,17 @@ def slurm_requeue_job_early(request, tmp_path_factory):
     yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def studies_05_06_early(request, tmp_path_factory):
+    """tests/test_studies_05_06.py's three small studies, started at idle priority as the session starts when that
+    module is selected: their CPU time fills the cycles the tests before it leave idle (start_early)."""
+    if any(Path(str(item.fspath)).name == "test_studies_05_06.py" for item in request.session.items):
+        import test_studies_05_06
+
+        test_studies_05_06.start_early(tmp_path_factory)
+    yield
+
+
 @pytest.fixture(autouse=True)
 def no_worker_left_behind(request):
     """Every test ends the worker processes it started (DataLoader workers, spawned ranks). One left running is
