@@ -108,3 +108,13 @@ def test_a_recommendation_as_one_cuda_graph_says_which_end_of_the_range_it_runs_
     assert "as one CUDA graph the recommendation all-reduces after the backward pass, at the first end" in gpt
     vit = next(v for k, v in _card("vit_b_16").summary_rows() if k.startswith("DDP efficiency predicted"))
     assert "at the first end" not in vit  # compile, no graph: DDP's hooks overlap the backward pass
+
+
+def test_byte_sizes_are_in_the_units_of_the_bandwidth_beside_them():
+    """The one-H200 card printed 'gradients all-reduced per step | 105.2 MB' for 27,566,080 fp32 parameters
+    (110.3 MB; 105.2 was MiB) beside a bandwidth in GB/s of 1e9 bytes."""
+    assert card_report._mb(27_566_080 * 4) == "110.3 MB"
+    assert card_report._mb(64 * 2**20) == "67.1 MB"
+    assert card_report._mb(131_584 * 4) == "526 kB"
+    row = dict(_card("gpt").summary_rows())["gradients all-reduced per step"]
+    assert row.endswith(" MB (fp32)") and float(row.split()[0].replace(",", "")) == round(_card("gpt").probe["grad_bytes"] / 1e6, 1)
