@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 import warnings
 from pathlib import Path
 
@@ -388,7 +389,8 @@ def test_every_case_the_committed_record_lacks_is_named_once_with_its_reason():
 def reference_cells(notebook: Path) -> list[str]:
     """The code cells that read a reference record (F, REF, tl.reference.load) and train nothing."""
     src = ["".join(c["source"]) for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
-    trains = ("tl.train(", "tl.launch(", "run(", "subprocess", "%%writefile", "jobs.write", "scaling.write")
+    trains = ("tl.train(", "tl.launch(", "run(", "subprocess", "%%writefile", "jobs.write", "scaling.write",
+              "weak.items()")  # the last: reads this kernel's own runs, showing the reference only beside them
     return [s for s in src if any(w in s for w in ("F[", "F)", "F and", "(F", "REF", "reference.load("))
             and not any(w in s for w in trains) and "REF = " not in s]
 
@@ -662,3 +664,24 @@ def test_a_case_line_counts_its_gpus_in_words():
            "result": {"throughput_img_s": 964.0, "step_time_ms": {"median": 7.68, "p10": 5.78, "p90": 10.02}}}
     assert cases_mod.line(rec).split()[1:3] == ["2", "GPUs"]
     assert cases_mod.line({"case": "one_gpu", "gpus": 1, "status": "skipped: x"}).split()[1:] == ["1", "GPU", "skipped:", "x"]
+
+
+def test_06_on_one_gpu_shows_the_reference_runs_bench_on_every_rank(tmp_path, capsys, monkeypatch):
+    """Section 10 compares IO / FULL per rank as GPUs are added; on one H200 it printed one line and said nothing:
+    on one rank it prints the reference run's weak points, a line per GPU count with a figure per rank."""
+    import tutorial_lib as tl
+
+    f = reference.load("06_scaling")["figures"]
+    assert [line.split(":")[0] for line in scaling_study.per_rank_lines(f)] == ["1 GPU", "2 GPUs", "4 GPUs"]
+    assert scaling_study.per_rank_lines(f)[2].count(", ") == 3 * 3  # 4 ranks in each of IO, SYNTHETIC, FULL
+    assert len(scaling_study.per_rank_lines({**f, "counts": [1, 2]})) == 2  # a node of 2 GPUs
+    cell = next("".join(c["source"]) for c in json.loads((ROOT / "notebooks" / "06_scaling.ipynb").read_text())["cells"]
+                if "per_rank_lines" in "".join(c["source"]))
+    (tmp_path / "bench.json").write_text(json.dumps({"figures": f["runs"]["weak_1"]["bench"]}))
+    one = types.SimpleNamespace(config={"out_dir": str(tmp_path)})
+    for weak, shown in (({1: one}, True), ({1: one, 2: one}, False)):
+        ns = {"tl": tl, "F": f, "REF": reference.load("06_scaling"), "UNIT": "GPU", "weak": weak,
+              "units": lambda n: tl.values.count(n, "GPU")}
+        exec(compile(cell, "06_scaling", "exec"), ns)  # noqa: S102 - the notebook's own cell
+        out = capsys.readouterr().out
+        assert ("the reference run's weak points" in out and "4 GPUs: IO per rank" in out) == shown, out

@@ -366,6 +366,18 @@ def differs(cfg, recipe_cfg=None) -> str:
     return "configs/optimized.yaml" + (f" with {words}" if words else "")
 
 
+def per_rank(figures: dict) -> str:
+    """A bench's figures on every rank: 'IO per rank 1,343,437, 803,141; SYNTHETIC per rank ...; FULL ... img/s'."""
+    return "; ".join(f"{m.upper()} per rank " + ", ".join(f"{x:,.0f}" for x in f["per_rank_img_s"])
+                     for m, f in figures.items()) + " img/s"
+
+
+def per_rank_lines(fig: dict) -> list[str]:
+    """The reference run's weak points as per_rank, one line per GPU count ('2 GPUs: IO per rank ...')."""
+    weak = [(n, (fig["runs"].get(f"weak_{n}") or {}).get("bench")) for n in fig["counts"]]
+    return [f"{count(n, 'GPU')}: {per_rank(b)}" for n, b in weak if b]
+
+
 def images_by_global_batch(fig: dict) -> list[dict]:
     """The race runs' images to the target by global batch and rule (a larger global batch may need more)."""
     return [{"global_batch": r["global_batch"], "about": r["about"], "images_to_target": r["images_to_target"]}
