@@ -234,7 +234,7 @@ def test_notebook_03_says_keeps_up_only_beside_a_reference_row_that_keeps_up():
     nb = json.loads((Path(__file__).parents[1] / "notebooks" / "03_data_loading.ipynb").read_text())
     text = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
                    for o in c.get("outputs", []))
-    line = next(x for x in text.splitlines() if x.startswith("- The best CPU pipeline"))
+    line = next(x for x in text.splitlines() if x.startswith("- Highest FULL of the CPU pipelines"))
     f = reference.load("03_loader_ladder")["figures"]
     best = max(["workers", "pinned", "prefetcher"], key=lambda k: f[k + "_full"])
     syn = bench.figure(bench.from_reference(f, best)["synthetic"])  # SYNTHETIC's band, as the verdicts judge it
