@@ -81,11 +81,16 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def selected(session, module: str) -> bool:
+    """Whether this session runs any test of tests/<module> (work started early for it is wasted otherwise)."""
+    return any(Path(str(item.fspath)).name == module for item in session.items)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def slurm_requeue_job_early(request, tmp_path_factory):
     """tests/test_slurm.py's requeue job, submitted as the session starts when that module is selected and the
     local cluster answers: its minutes of waiting for Slurm overlap the other tests (test_slurm.submit_requeue_early)."""
-    if any(Path(str(item.fspath)).name == "test_slurm.py" for item in request.session.items):
+    if selected(request.session, "test_slurm.py"):
         import test_slurm  # the module pytest collected (tests/ is on sys.path)
 
         if test_slurm.PROBLEM is None:
@@ -97,7 +102,7 @@ def slurm_requeue_job_early(request, tmp_path_factory):
 def studies_05_06_early(request, tmp_path_factory):
     """tests/test_studies_05_06.py's three small studies, started at idle priority as the session starts when that
     module is selected: their CPU time fills the cycles the tests before it leave idle (start_early)."""
-    if any(Path(str(item.fspath)).name == "test_studies_05_06.py" for item in request.session.items):
+    if selected(request.session, "test_studies_05_06.py"):
         import test_studies_05_06
 
         test_studies_05_06.start_early(tmp_path_factory)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import selected
 from test_slurm import PROBLEM, tiny
 from tutorial_lib import jobs, scaling
 from tutorial_lib.slurm import Job
@@ -145,7 +146,7 @@ _CHAIN: list[Chain] = []
 def start_beside(session, tmp_path_factory) -> None:
     """Start the chain in the background when this module's tests are selected: tests/test_slurm.py calls this as
     it submits its own jobs, so that the two wait for the cluster side by side (the chain is mostly waiting)."""
-    if not _CHAIN and any(Path(str(item.fspath)).name == "test_slurm_signals.py" for item in session.items):
+    if not _CHAIN and selected(session, "test_slurm_signals.py"):
         _CHAIN.append(Chain(tmp_path_factory.mktemp("slurm_signals")))
         _CHAIN[0].thread.start()
 
