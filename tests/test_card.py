@@ -423,3 +423,54 @@ def test_the_card_says_where_its_seconds_went():
     cpu = SimpleNamespace(rows=[{"wall_s": 2.0}], memory={"largest_batch": None}, ddp={"measured": None})
     assert Card.phases(cpu) == ": the rungs 2.0 s"
     assert Card.phases(SimpleNamespace(rows=[], memory={}, ddp={})) == ""
+
+
+# ---------------------------------------------------------------------------------------- FLOPs, checked
+class GroupedNet(nn.Module):
+    """A dense, a depthwise and a grouped convolution, then a linear layer: torch's counter counts the last two
+    convolutions' weight gradients once per group over (8 and 4 times)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, groups=8),
+                                  nn.ReLU(), nn.Conv2d(8, 16, 3, padding=1, groups=4), nn.AdaptiveAvgPool2d(1),
+                                  nn.Flatten(), nn.Linear(16, 10))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def grouped_hand_count(size=16):
+    """(forward, training step) FLOPs per sample by hand: 2 per multiply-add; the first convolution's input needs
+    no gradient (2 passes), every other layer 3 (forward, input gradient, weight gradient)."""
+    hw = size * size
+    macs = [hw * 8 * 3 * 9, hw * 8 * 1 * 9, hw * 16 * 2 * 9, 16 * 10]  # positions x out x in per group x kernel
+    passes = [2, 3, 3, 3]
+    return 2 * sum(macs), 2 * sum(m * p for m, p in zip(macs, passes))
+
+
+def test_grouped_and_depthwise_convolutions_are_counted_per_group():
+    forward, train = grouped_hand_count()
+    x, y = torch.rand(4, 3, 16, 16), torch.randint(0, 10, (4,))
+    probe = card_module.probe_model(ownmodel_parts(GroupedNet, x, y), tl.TrainConfig(device="cpu"))
+    assert abs(probe["flops_forward"] - forward) <= 0.1 * forward
+    assert abs(probe["flops_per_sample"] - train) <= 0.1 * train, (probe["flops_per_sample"], train)
+    assert "per group" in probe["flops_how"]  # torch's own count is named beside it
+    from tutorial_lib import models
+
+    assert abs(models.train_flops(GroupedNet(), x, y) / 4 - train) <= 0.1 * train  # the ladder's and 04's MFU too
+
+
+def ownmodel_parts(factory, x, y):
+    from tutorial_lib import ownmodel
+
+    return ownmodel.Parts(factory, lambda: (x, y))
+
+
+def test_a_count_beyond_what_a_backward_pass_needs_falls_back_to_three_forwards():
+    from tutorial_lib import flops
+
+    step = flops.checked(forward=1e9, counted=12e9, per_group=12e9)
+    assert step.train == 3e9 and step.rule == "three_forward" and "3x the forward" in step.how
+    assert flops.checked(1e9, 2.9e9, 2.9e9).rule == "counted"
+    assert "below the 2x" in flops.checked(1e9, 1.2e9, 1.2e9).how  # frozen layers: kept, and said

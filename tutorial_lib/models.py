@@ -5,8 +5,8 @@ import functools
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
+from . import flops
 from .config import ConfigError
 
 
@@ -58,12 +58,15 @@ def param_checksum(model: nn.Module) -> float:
         return float(sum(p.detach().double().sum().item() for p in model.parameters()))
 
 
-def train_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+def train_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     """FLOPs of one training step's forward + cross-entropy + backward on (x, y), counted by
-    torch.utils.flop_counter (matmuls and convolutions, 2 FLOPs per multiply-add), not typed by hand."""
-    with FlopCounterMode(display=False) as counter:
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-    return counter.get_total_flops()
+    torch.utils.flop_counter (matmuls and convolutions, 2 FLOPs per multiply-add) and checked by the workbook's one
+    rule (flops.py: grouped convolutions' backward per group), not typed by hand."""
+    with flops.Counter() as counter:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        counter.forward_done()
+        loss.backward()
+    return counter.result().train
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,7 +8,7 @@
 What it measures, each with the workbook's own code: IO / SYNTHETIC / FULL and what bounds the step (lessons.bench,
 in windows); the optimization ladder's rungs that apply to the model (lessons.ladder's rungs, each a training run
 of engine.Run on your model: ownmodel.UserRun), each judged against the row it changes by lessons.noise; the
-FLOPs of one sample's training step (torch.utils.flop_counter) and MFU against the card's dense peak for the
+FLOPs of one sample's forward pass and training step (torch.utils.flop_counter, checked by flops.py) and MFU against the card's dense peak for the
 precision (peaks.py); peak memory and, on a GPU, the largest batch that fits; the gradient bytes, the all-reduce
 bandwidth of this node and the DDP efficiency they predict on 2, 4 and 8 GPUs (lessons.allreduce); a recommended
 configuration and an sbatch file that trains with it (jobs.py, with the site profile). The one page it prints is
@@ -30,7 +30,7 @@ from torch import nn
 
 from . import allreduce, bench, card_ddp, ladder, noise, size as size_switch
 from .card_report import Card, write_job
-from .. import engine, ownmodel
+from .. import engine, flops, ownmodel
 from ..config import TrainConfig, UserError, load
 from ..meters import untimed_steps
 from ..results import Result, make_folder
@@ -194,8 +194,6 @@ def _slug(name: str) -> str:
 def probe_model(parts: ownmodel.Parts, cfg: TrainConfig) -> dict:
     """One training step of a fresh model on the first batch, on the run's device, under torch's FLOP counter:
     checks every rule of ownmodel at once (before anything is timed) and describes the model."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     device = engine.distributed.pick_device(cfg.device)
     inp = ownmodel.UserInput(parts.source, cfg.batch_size, 0, False)
     batches = inp.epoch(0)
@@ -207,11 +205,12 @@ def probe_model(parts: ownmodel.Parts, cfg: TrainConfig) -> dict:
     xd, yd = x.to(device), y.to(device)
     try:  # the autotuner as the rungs will run it: PyTorch keeps the algorithm each convolution ran with first,
         # so a probe with it off would leave its untuned choice to every rung of the same shape (notebook 01)
-        with engine.backend_flags(), FlopCounterMode(display=False) as counter, _countable_attention(device):
+        with engine.backend_flags(), flops.Counter() as counter, _countable_attention(device):
             engine.set_cudnn_benchmark(cfg)
             output = model(xd)
             described = _describe(output)
             loss = ownmodel.check_loss(parts.loss(output, yd)) if parts.loss else ownmodel.default_loss(output, yd)
+            counter.forward_done()
             loss.backward()
     except UserError:
         raise
@@ -223,13 +222,15 @@ def probe_model(parts: ownmodel.Parts, cfg: TrainConfig) -> dict:
     convs = any(isinstance(m, nn.Conv2d) for m in model.modules()) and x.dim() == 4 and x.is_floating_point()
     source = parts.source
     loader = inp.loader
-    parts.flops_per_sample = counter.get_total_flops() / x.shape[0] or None
+    step = counter.result(x.shape[0])  # checked: flops.py's one rule
+    parts.flops_per_sample = step.train or None
     return {"device": engine.device_name(device), "device_type": device.type, "batch": int(x.shape[0]),
             "class": type(model).__name__,
             "input": f"{tuple(x.shape)} {str(x.dtype).replace('torch.', '')}",
             "target": f"{tuple(y.shape)} {str(y.dtype).replace('torch.', '')}", "output": described,
             "params": sum(p.numel() for p in grads), "grad_bytes": sum(p.numel() * p.element_size() for p in grads),
             "convolutions": convs, "flops_per_sample": parts.flops_per_sample,
+            "flops_forward": step.forward or None, "flops_how": step.how,
             "source": type(loader.dataset).__name__ + " in a DataLoader" if loader is not None else
             "a function, called every step" if callable(source) else "one batch, reused every step",
             "workers": cfg.num_workers if isinstance(source, torch.utils.data.Dataset) else

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import bench, ladder, noise
-from .. import jobs
+from .. import flops, jobs
 from ..config import TrainConfig, UserError
 from ..perfdoc import fmt
 from ..results import atomic_write_text
@@ -63,7 +63,7 @@ class Card:
             ("batches", f"{p['source']}; batch {p['batch']}"),
             ("IO / SYNTHETIC / FULL (fp32, samples/s)", io_syn_full),
             ("what bounds the step", self.bound_line()),
-            ("FLOPs per sample (training step)", _flops(p["flops_per_sample"])),
+            ("FLOPs per sample: forward / training step", flops_line(p)),
             ("recommended", self.recommended_line()),
             ("peak memory (recommended, batch %d)" % p["batch"], f"{fmt(r.get('peak_mb'), ',.0f', 'n/a on a CPU')}"
                                                                  + (" MB" if r.get("peak_mb") else "")),
@@ -256,6 +256,14 @@ def _mb(nbytes: float) -> str:
 
 def _word(v) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def flops_line(p: dict) -> str:
+    """The probe's forward and training-step FLOPs per sample and how the step's were counted (flops.py's rule); a
+    card stored before the forward was counted prints its step alone."""
+    if not p.get("flops_forward"):
+        return _flops(p["flops_per_sample"])
+    return f"{flops.short(p['flops_forward'])} / {flops.short(p['flops_per_sample'])}: {p['flops_how']}"
 
 
 def _flops(v: float | None) -> str:
