@@ -30,14 +30,27 @@ PLANNED = ("00_setup", "01_single_gpu", "02_profiling", "03_data_loading", "04_m
            "06_scaling", "07_your_own_model")  # the README's eight; a notebook not written yet gets a row its author fills
 
 # ---------------------------------------------------------------------------------------------------- TIME MODEL
-# A notebook's time in a workshop, counted the same way for every notebook: its markdown read aloud at
-# WORDS_PER_MINUTE, a minute per code cell (run it, look at what it printed), and the cell's compute on a GPU
-# node from docs/notebook_timings_gpu.json. A section whose heading ends with "(optional)" is optional up to the
-# next heading of the same or a higher level; the rest is core. Each notebook's first cell states the result as
+# A notebook's time in a workshop room, counted the same way for every notebook:
+#   - its markdown read aloud at WORDS_PER_MINUTE; a collapsed answer (<details>) is not read aloud;
+#   - the printed output of each code cell read at OUTPUT_WORDS_PER_MINUTE (from the committed outputs);
+#   - each code cell typed and run at a room's pace, MINUTES_PER_CODE_CELL (someone always falls behind);
+#   - each question of a "## Questions" section discussed, MINUTES_PER_QUESTION;
+#   - the cell's compute on a GPU node from docs/notebook_timings_gpu.json (the reference card's run).
+# A section whose heading ends with "(optional)" is optional up to the next heading of the same or a higher
+# level; the rest is core. Each notebook's first cell states the result as
 # "**Time:** core about N min, optional about M min."; tests/test_notebook_rules.py recomputes it.
 WORDS_PER_MINUTE = 130
-MINUTES_PER_CODE_CELL = 1.0
+OUTPUT_WORDS_PER_MINUTE = 150
+MINUTES_PER_CODE_CELL = 1.5
+MINUTES_PER_QUESTION = 1.5
 DAY_MINUTES = 330  # a one-day workshop's contact time on a GPU node, breaks excluded: 5 h 30
+# Core sections the plan moves to the second day so that the first day's core path fits DAY_MINUTES: notebook ->
+# headings (as written, without '#'). Day two starts with notebook 08 "When it does not fit" where it exists.
+DAY_TWO = {
+    "05_dp_vs_ddp": None,  # None: the whole notebook
+    "06_scaling": None,
+    "07_your_own_model": None,
+}
 TIME_LINE = re.compile(r"\*\*Time:\*\* core about (\d+) min, optional about (\d+) min\b")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$", re.M)
 WORD = re.compile(r"[A-Za-z0-9][\w'’.+-]*")
@@ -84,38 +97,75 @@ def _headings(markdown: str) -> list:
     return [m for m in HEADING.finditer(markdown) if not any(a <= m.start() < b for a, b in fenced)]
 
 
-def minutes(name: str) -> dict:
-    """{"core": min, "optional": min, "optional_sections": [titles]} of a notebook by the TIME MODEL."""
+DETAILS = re.compile(r"<details>.*?</details>", re.S)
+QUESTION = re.compile(r"^\d+\. ", re.M)
+
+
+def printed(cell: dict) -> str:
+    """What a code cell printed in the committed outputs: streams, and each result once (markdown over plain)."""
+    out = []
+    for o in cell.get("outputs", []):
+        if o.get("output_type") == "stream":
+            out.append("".join(o.get("text", "")))
+        data = o.get("data", {})
+        for kind in ("text/markdown", "text/plain"):
+            if kind in data and "image/png" not in data:
+                out.append("".join(data[kind]))
+                break
+    return "\n".join(out)
+
+
+def _markdown_minutes(text: str, questions: bool) -> float:
+    """Minutes of a run of markdown: read aloud except its collapsed answers, plus its questions discussed."""
+    text = DETAILS.sub(" ", text)
+    asked = len(QUESTION.findall(text)) * MINUTES_PER_QUESTION if questions else 0.0
+    return len(WORD.findall(text)) / WORDS_PER_MINUTE + asked
+
+
+def _code_minutes(cell: dict, gpu_s: float) -> float:
+    return MINUTES_PER_CODE_CELL + len(WORD.findall(printed(cell))) / OUTPUT_WORDS_PER_MINUTE + gpu_s / 60
+
+
+def minutes(name: str, moved: list[str] | None = None) -> dict:
+    """{"core": min, "optional": min, "moved": min, "optional_sections": [titles]} of a notebook by the TIME MODEL;
+    the sections titled in `moved` (None: the whole notebook) are counted in "moved", not in "core"."""
     cells = _cells(name)
     gpu = gpu_seconds(name, cells)
-    totals, titles = {"core": 0.0, "optional": 0.0}, []
-    stack: list[tuple[int, bool]] = []  # open headings: (level, optional)
+    totals, titles = {"core": 0.0, "optional": 0.0, "moved": 0.0}, []
+    stack: list[tuple[int, str, str]] = []  # open headings: (level, core / optional / moved, title)
 
-    def optional() -> bool:
-        return any(opt for _, opt in stack)
+    def kind() -> str:
+        kinds = [k for _, k, _ in stack]
+        return "optional" if "optional" in kinds else "moved" if "moved" in kinds else "core"
 
     for i, cell in enumerate(cells):
         source = "".join(cell["source"])
         if cell["cell_type"] == "code":
-            totals["optional" if optional() else "core"] += MINUTES_PER_CODE_CELL + gpu.get(i, 0.0) / 60
+            totals[kind()] += _code_minutes(cell, gpu.get(i, 0.0))
             continue
         if cell["cell_type"] != "markdown":
             continue
         pos = 0
         for m in _headings(source) + [None]:
             text = source[pos:m.start() if m else len(source)]
-            totals["optional" if optional() else "core"] += len(WORD.findall(text)) / WORDS_PER_MINUTE
+            totals[kind()] += _markdown_minutes(text, any(t.startswith("Questions") for t in _titles(stack)))
             if m is None:
                 break
             level, title = len(m.group(1)), m.group(2)
             while stack and stack[-1][0] >= level:
                 stack.pop()
-            stack.append((level, title.endswith("(optional)")))
-            if title.endswith("(optional)"):
+            what = ("optional" if title.endswith("(optional)") else
+                    "moved" if moved is not None and title in moved else "core")
+            stack.append((level, what, title))
+            if what == "optional":
                 titles.append(title)
-            totals["optional" if optional() else "core"] += len(WORD.findall(title)) / WORDS_PER_MINUTE
+            totals[kind()] += len(WORD.findall(title)) / WORDS_PER_MINUTE
             pos = m.end()
     return {**{k: round(v, 1) for k, v in totals.items()}, "optional_sections": titles}
+
+
+def _titles(stack: list) -> list[str]:
+    return [t for *_, t in stack]
 
 
 def stated(name: str) -> tuple[int, int] | None:
@@ -267,47 +317,62 @@ def solutions() -> str:
     return "\n".join(rows)
 
 
+def day_one(names: list[str]) -> dict[str, float]:
+    """Notebook -> its core minutes on the first day: its core path less the sections DAY_TWO moves (a notebook
+    DAY_TWO moves whole is left out)."""
+    out = {}
+    for n in names:
+        if n in DAY_TWO and DAY_TWO[n] is None:
+            continue
+        out[n] = minutes(n, DAY_TWO.get(n))["core"]
+    return out
+
+
+def day_two(names: list[str]) -> list[str]:
+    """What the plan moves to the second day, in words: notebook 08 first where it exists, then each moved
+    notebook or section with its minutes."""
+    out = [f"{n} (all of it, {minutes(n)['core']:.0f} min)" for n in names if n.startswith("08")]
+    for n in names:
+        if n in DAY_TWO and not n.startswith("08"):
+            if DAY_TWO[n] is None:
+                out.append(f"{n} (its core, {minutes(n)['core']:.0f} min)")
+            else:
+                moved = minutes(n, DAY_TWO[n])["moved"]
+                out.append(f"{n} sections {'; '.join(DAY_TWO[n])} ({moved:.0f} min)")
+    return out
+
+
 def plan() -> str:
-    """The workshop's time plan from the TIME MODEL: core and optional minutes of every notebook, the one-day core
-    path, a two-day variant, and which cells use more than one GPU."""
+    """The workshop's time plan from the TIME MODEL: core and optional minutes of every notebook, the first day's
+    core path (DAY_TWO moved out), the second day, and which cells use more than one GPU."""
     names = sorted(set(PLANNED) | {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")})
     names = [n for n in names if _cells(n)]
     got = {n: minutes(n) for n in names}
     rows = ["| notebook | core min | optional min | optional sections | its header says (core, optional) | "
-            "cells that use more than one GPU |", "| --- | ---: | ---: | --- | --- | --- |"]
+            "day one, core min | cells that use more than one GPU |", "| --- | ---: | ---: | --- | --- | ---: | --- |"]
+    first = day_one(names)
     for n in names:
         m, said, gpus = got[n], stated(n), gpu_cells(n)
         sections = "; ".join(t.removesuffix(" (optional)") for t in m["optional_sections"]) or "-"
         rows.append(f"| {n} | {m['core']:.0f} | {m['optional']:.0f} | {sections} | "
                     f"{'%d, %d' % said if said else 'no Time line'} | "
+                    f"{round(first[n]) if n in first else 'day two'} | "
                     f"{', '.join(f'cell {i} ({k})' for i, k in gpus.items()) or 'none'} |")
-    shown = {n: {k: round(got[n][k]) for k in ("core", "optional")} for n in names}  # the rows' minutes, as printed
-    core, optional = sum(m["core"] for m in shown.values()), sum(m["optional"] for m in shown.values())
-    rows.append(f"| **all** | **{core:.0f}** | **{optional:.0f}** | | | |")
-    half, run, morning = core / 2, 0.0, []
-    for n in names:
-        if run + shown[n]["core"] / 2 <= half:
-            morning.append(n)
-        run += shown[n]["core"]
-    afternoon = [n for n in names if n not in morning]
-    day1 = [n for n in names if n[:2] <= "03"]
-    day2 = [n for n in names if n not in day1]
-    span = lambda ns: f"{ns[0][:2]}-{ns[-1][:2]}" if ns else "-"  # noqa: E731
-    total = lambda ns, *k: sum(shown[n][x] for n in ns for x in k)  # noqa: E731  (adds up from the rows)
-    fits = "fits" if core <= DAY_MINUTES else "does NOT fit"
+    core = sum(round(m["core"]) for m in got.values())
+    optional = sum(round(m["optional"]) for m in got.values())
+    day = sum(round(v) for v in first.values())
+    rows.append(f"| **all** | **{core}** | **{optional}** | | | **{day}** | |")
+    fits = "fits" if day <= DAY_MINUTES else "does NOT fit"
     return "\n".join(rows + [
         "",
-        f"**One day, the core path:** {core:.0f} min of contact time ({core / 60:.1f} h, breaks excluded), which "
-        f"{fits} a day of {DAY_MINUTES // 60} h {DAY_MINUTES % 60:02d}"
-        + (f", leaving {DAY_MINUTES - core:.0f} min for optional sections of your choice" if core <= DAY_MINUTES else "")
-        + f". Morning {span(morning)} "
-        f"({total(morning, 'core'):.0f} min), afternoon {span(afternoon)} ({total(afternoon, 'core'):.0f} min). "
+        f"**Day one, the core path:** {day} min of contact time ({day / 60:.1f} h, breaks excluded), which {fits} "
+        f"a day of {DAY_MINUTES // 60} h {DAY_MINUTES % 60:02d}: " + ", ".join(f"{n[:2]} {round(v)}" for n, v in
+                                                                             first.items()) + " min. "
         "Skip the optional sections' discussion, not their cells: run them without explaining (later cells may use "
         "what they made) and point learners to them for later.",
         "",
-        f"**Two days, everything:** day 1 {span(day1)} with their optional sections "
-        f"({total(day1, 'core', 'optional'):.0f} min), day 2 {span(day2)} with theirs "
-        f"({total(day2, 'core', 'optional'):.0f} min); exercises fill the rest.",
+        "**Day two:** " + ("; ".join(day_two(names)) or "nothing moved") + f"; then the optional sections "
+        f"({optional} min) and the exercises.",
         "",
         "**GPUs:** every notebook runs on a node with 0, 1, 2 or 4 GPUs. On one GPU, a cell marked `all` or `2+` "
         "shows the reference run's figures or writes the job that runs it; `all` uses every GPU of the node. A cell "
@@ -315,28 +380,39 @@ def plan() -> str:
         "2 it prints a line saying it was not measured."])
 
 
-def write_headers(check: bool = False) -> list[str]:
-    """Write (check: compare) the line of each notebook's first cell that says where and when its GPU figures
-    were verified (reference.banner): in place of its '**GPU figures' paragraph, or after the '**Time:**' one."""
+def time_line(name: str, first: str) -> str:
+    """The first cell with its '**Time:**' minutes as the TIME MODEL counts them (unchanged without that line)."""
+    got = minutes(name)
+    return TIME_LINE.sub(f"**Time:** core about {round(got['core'])} min, optional about {round(got['optional'])} min",
+                         first, count=1)
+
+
+def write_headers(check: bool = False, only: list[str] | None = None) -> list[str]:
+    """Write (check: compare) the lines of each notebook's first cell that the guide's sources give: its minutes
+    by the TIME MODEL, and where and when its GPU figures were verified (reference.banner), in place of its
+    '**GPU figures' paragraph or after the '**Time:**' one. `only`: these notebooks' stems."""
     import nbformat
 
     stale = []
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        if only is not None and path.stem not in only:
+            continue
         nb = nbformat.read(path, as_version=4)
         first, line = nb.cells[0]["source"], reference.banner(path)
-        m = re.search(r"^\*\*GPU figures.*?(?=\n\n|\Z)", first, re.M | re.S)
-        if m and m.group(0) == line:
+        new = first if check else time_line(path.stem, first)  # the test holds the minutes within 15%
+        m = re.search(r"^\*\*GPU figures.*?(?=\n\n|\Z)", new, re.M | re.S)
+        if m:
+            new = new[:m.start()] + line + new[m.end():]
+        else:
+            time = re.search(r"^\*\*Time:\*\*.*?(?=\n\n|\Z)", new, re.M | re.S)
+            at = time.end() if time else len(new)
+            new = new[:at] + "\n\n" + line + new[at:]
+        if new == first:
             continue
         stale.append(path.name)
-        if check:
-            continue
-        if m:
-            nb.cells[0]["source"] = first[:m.start()] + line + first[m.end():]
-        else:
-            time = re.search(r"^\*\*Time:\*\*.*?(?=\n\n|\Z)", first, re.M | re.S)
-            at = time.end() if time else len(first)
-            nb.cells[0]["source"] = first[:at] + "\n\n" + line + first[at:]
-        nbformat.write(nb, path)
+        if not check:
+            nb.cells[0]["source"] = new
+            nbformat.write(nb, path)
     return stale
 
 
@@ -356,6 +432,7 @@ def render(text: str) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true", help="exit 1 if docs/instructor.md is stale")
+    p.add_argument("--headers", nargs="+", metavar="NN_name", help="write only these notebooks' first cells")
     args = p.parse_args()
     old = GUIDE.read_text()
     new = render(old)
@@ -366,8 +443,9 @@ def main() -> int:
                   "(timings, reference files or notebooks changed): run python scripts/instructor_figures.py and commit")
             return 1
         return 0
-    GUIDE.write_text(new)
-    print(f"wrote {GUIDE.relative_to(ROOT)}" + "".join(f", the first cell of {n}" for n in write_headers()))
+    headers = write_headers(only=args.headers)  # first: the minutes the plan shows count the headers' words
+    GUIDE.write_text(render(old))
+    print(f"wrote {GUIDE.relative_to(ROOT)}" + "".join(f", the first cell of {n}" for n in headers))
     return 0
 
 

@@ -83,7 +83,7 @@ def test_every_reference_torch_other_than_the_locks_has_a_note():
     assert not problems, "; ".join(problems) + f" -> add the note to {reference.NOTES}"
 
 
-def test_banner_groups_runs_by_card_and_quotes_the_torch_note(tmp_path):
+def test_banner_groups_runs_by_card_in_one_line(tmp_path):
     nb = tmp_path / "04_demo.ipynb"
     nb.write_text(json.dumps({"cells": [{"cell_type": "code", "source": "tl.reference.show(\"other\")"}]}))
     lock, notes = tmp_path / "requirements.lock", tmp_path / "README.md"
@@ -95,11 +95,17 @@ def test_banner_groups_runs_by_card_and_quotes_the_torch_note(tmp_path):
         rec = json.loads((tmp_path / f"{name}.json").read_text())
         (tmp_path / f"{name}.json").write_text(json.dumps({**rec, "date": date}))
     text = reference.banner(nb, tmp_path, lock, notes)
-    assert "1x NVIDIA H100, torch 2.11.0+cu130, 2026-11-26 to 2026-11-27 (04_demo, 04_demo_b)" in text
-    assert "1x NVIDIA H200, torch 2.11.0+cu130, 2026-11-25 (other)" in text
-    assert "Why torch 2.11, not the 2.14.1 of `requirements.lock`: the GPU nodes carry torch 2.11 only." in text
+    assert text == ("**GPU figures:** 1x NVIDIA H100, torch 2.11.0+cu130, 2026-11-26 to 2026-11-27; 1x NVIDIA H200, "
+                    "torch 2.11.0+cu130, 2026-11-25 (the README says why this torch).")  # one line, the why once
     assert reference.torch_problems([nb], tmp_path, lock, notes) == []
     notes.write_text("")
     assert "04_demo.json was run with torch 2.11, the lock pins 2.14" in reference.torch_problems([nb], tmp_path, lock, notes)[0]
     lock.write_text("torch==2.11.3\n")
     assert reference.torch_problems([nb], tmp_path, lock, notes) == []
+
+
+def test_the_readme_says_once_why_a_reference_torch_is_not_the_locks():
+    """The first cells say only 'the README says why this torch'; the README holds the why of each note."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    for m, why in reference.torch_notes().items():
+        assert " ".join(why.split()) in readme, f"README.md lacks why torch {m}: {why!r}"

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from .config import ROOT, UserError
-from .results import atomic_write_text
+from .results import atomic_write_text, read_record
 
 FOLDER = ROOT / "notebooks" / "reference"
 KEYS = ("card", "gpus", "torch", "date", "script", "figures")
+SHAPE = {**dict.fromkeys(KEYS, object), "gpus": int, "script": str, "figures": dict}  # what its readers rely on
 ENV = "WORKBOOK_REFERENCE_DIR"  # set by the GPU runner: record() writes there
 
 
@@ -39,21 +40,13 @@ def load(name: str, folder: str | os.PathLike | None = None) -> dict[str, Any] |
     p = path(name, folder)
     if not p.is_file():
         return None
-    try:
-        record = json.loads(p.read_text())
-    except ValueError as e:
-        raise UserError(f"reference file {p} is not valid JSON ({e}); run its GPU script again "
-                        "(the 'script' named in it, or scripts/gpu/)") from None
-    if not isinstance(record, dict):
-        raise UserError(f"reference file {p} holds a JSON {type(record).__name__}, not a record of figures; write "
-                        "it with tl.reference.write (or run its GPU script again)")
-    missing = [k for k in KEYS if k not in record]
-    if missing:
-        raise UserError(f"reference file {p} lacks {', '.join(missing)}; write it with tl.reference.write")
-    if not isinstance(record["figures"], dict):
-        raise UserError(f"reference file {p}: its figures are a JSON {type(record['figures']).__name__}, not "
-                        "name: value pairs; write it with tl.reference.write")
-    return record
+    return read(p)
+
+
+def read(p: str | os.PathLike, fix: str = "run its GPU script again (the 'script' named in it, or scripts/gpu/), "
+         "or write it with tl.reference.write") -> dict[str, Any]:
+    """The reference record in the file `p`, or a one-line UserError naming it and `fix` (results.read_record)."""
+    return read_record(p, "a reference record", fix, SHAPE)
 
 
 def write(name: str, figures: dict[str, Any], *, script: str, card: str | None = None, gpus: int | None = None,
@@ -219,7 +212,7 @@ def torch_notes(notes: str | os.PathLike | None = None) -> dict[str, str]:
 def banner(notebook: str | os.PathLike, folder: str | os.PathLike | None = None,
            lock: str | os.PathLike | None = None, notes: str | os.PathLike | None = None) -> str:
     """The line a notebook's first cell carries: where and when its GPU figures were last verified (card, GPUs,
-    torch, dates, file names), and why their torch is not the lock's, from the notes file."""
+    torch, dates), in one line; the README says once why a torch other than the lock's (from the notes file)."""
     names, missing = names_for(notebook, folder), names_for(notebook, folder, missing=True)
     later = (f" Not recorded yet: {', '.join(missing)} (its GPU study writes it; until then the cells that show it "
              "say so)." if missing else "")
@@ -229,17 +222,16 @@ def banner(notebook: str | os.PathLike, folder: str | os.PathLike | None = None,
     groups: dict[tuple, list] = {}
     for name in names:
         rec = load(name, folder)
-        groups.setdefault((rec.get("gpus", 1), rec["card"], rec["torch"]), []).append((rec["date"], name))
+        groups.setdefault((rec.get("gpus", 1), rec["card"], rec["torch"]), []).append(rec["date"])
     parts = []
-    for (gpus, card, torch_version), runs in groups.items():
-        dates = sorted({d for d, _ in runs})
+    for (gpus, card, torch_version), dates in groups.items():
+        dates = sorted(set(dates))
         when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
-        parts.append(f"{gpus}x {card}, torch {torch_version}, {when} ({', '.join(n for _, n in runs)})")
-    text = "**GPU figures** (from `notebooks/reference/`) were last verified on " + "; ".join(parts) + "." + later
-    pinned, said = lock_torch(lock), torch_notes(notes)
-    for m in sorted({minor(t) for _, _, t in groups} - {minor(pinned)}):
-        text += f" Why torch {m}, not the {pinned} of `requirements.lock`: {said.get(m, '(no note yet)')}"
-    return text
+        parts.append(f"{gpus}x {card}, torch {torch_version}, {when}")
+    pinned = minor(lock_torch(lock))
+    other = any(minor(t) != pinned for _, _, t in groups)
+    return ("**GPU figures:** " + "; ".join(parts) + (" (the README says why this torch)" if other else "") + "."
+            + later)
 
 
 def torch_problems(notebooks, folder: str | os.PathLike | None = None, lock: str | os.PathLike | None = None,
