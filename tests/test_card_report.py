@@ -118,3 +118,21 @@ def test_byte_sizes_are_in_the_units_of_the_bandwidth_beside_them():
     assert card_report._mb(131_584 * 4) == "526 kB"
     row = dict(_card("gpt").summary_rows())["gradients all-reduced per step"]
     assert row.endswith(" MB (fp32)") and float(row.split()[0].replace(",", "")) == round(_card("gpt").probe["grad_bytes"] / 1e6, 1)
+
+
+def test_every_rung_s_mfu_is_against_its_precision_s_peak_and_one_peak_for_all():
+    """The rung column read fp32 37%, tf32 10%, bf16 6% for rungs whose throughput rises (each divided by its own
+    precision's peak, none named); the page now names both peaks and adds a column against the bf16 peak."""
+    card = _card("resnet50")
+    assert "NVIDIA H200: fp32 67.0, tf32 494.5, bf16 989.5 TFLOP/s (NVIDIA's H200 Tensor Core GPU datasheet, " \
+           "without sparsity)" in card.markdown()
+    table = card.rung_table().splitlines()
+    head = [c.strip() for c in table[0].strip("|").split("|")]
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in table[2:]}
+    for rung in ("fp32", "bf16", "step_graph"):
+        r = next(x for x in card.rows if x["rung"] == rung)
+        own, ref = cells[rung][head.index("MFU (its precision)")], cells[rung][head.index("MFU (bf16 peak)")]
+        assert own == f"{100 * r['mfu']:.1f}%" and ref == f"{100 * r['img_s'] * card.probe['flops_per_sample'] / 989.5e12:.1f}%"
+    assert float(cells["fp32"][head.index("MFU (bf16 peak)")][:-1]) < float(cells["bf16"][head.index("MFU (bf16 peak)")][:-1])
+    cpu = Card(**{**json.loads((reference.FOLDER / "cards" / "card_gpt.json").read_text()), "device": "cpu"})
+    assert "MFU is n/a: the workbook has no datasheet peak for cpu." in cpu.markdown()

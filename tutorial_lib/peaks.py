@@ -36,6 +36,21 @@ def peak_tflops(device: str, precision: str) -> float | None:
     return (_card(PEAKS, device) or {}).get(precision)
 
 
+# (words that must all appear in the card's name) -> the datasheet its PEAKS row comes from
+SOURCES = [(("H100",), "NVIDIA's H100 Tensor Core GPU datasheet"), (("H200",), "NVIDIA's H200 Tensor Core GPU datasheet"),
+           (("A100",), "NVIDIA's A100 Tensor Core GPU datasheet")]
+
+
+def dense_peaks(device: str) -> dict | None:
+    """{precision: dense peak TFLOP/s} of the card named `device`, and None for a CPU or a card not in the table."""
+    return _card(PEAKS, device)
+
+
+def source(device: str) -> str | None:
+    """Where the card's peaks come from, in words ("NVIDIA's H200 Tensor Core GPU datasheet"), None when unknown."""
+    return _card(SOURCES, device) if dense_peaks(device) else None
+
+
 def mfu(img_s: float, flops_per_image: float | None, device: str, precision: str, devices: int = 1) -> float | None:
     """Achieved FLOP/s (images/s x FLOPs per image) over the peak of `devices` cards; None where unknown."""
     peak = peak_tflops(device, precision)

@@ -300,7 +300,7 @@ def measure_rungs(parts: ownmodel.Parts, plan: list[tuple], sizes: CardSizes, sa
             reason = f"the card's time budget ({sizes.budget_s:.0f} s) was spent"
         cfg = timed(cfg, sizes)
         row = ladder.skipped_row(rung, cfg, reason) if reason else measure_rung(parts, rung, cfg)
-        rows.append(row)
+        rows.append({**row, "precision": cfg.precision})  # the peak its MFU is against (card_report.peaks_note)
         say(ladder.row_line(row).replace("img/s", "samples/s"))
     ladder.add_speedups(rows)
     return rows

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import bench, ladder, noise
-from .. import flops, jobs
+from .. import flops, jobs, peaks
 from ..config import TrainConfig, UserError
 from ..perfdoc import fmt
 from ..results import atomic_write_text
@@ -86,7 +86,9 @@ class Card:
         overlap; and the changes below it that gained nothing, which it keeps (the rungs stack)."""
         rec, r = self.recommended, self.recommended["row"]
         changes = " ".join(f"{k}={_word(v)}" for k, v in rec["changes"].items()) or "the fp32 baseline as it is"
-        mfu = f", MFU {100 * r['mfu']:.1f}%" if r.get("mfu") else ", MFU n/a (no datasheet peak for this device)"
+        ref = self.mfu_of_reference(r)
+        mfu = (f", MFU {100 * r['mfu']:.1f}% of its precision's peak, {100 * ref:.1f}% of bf16's" if r.get("mfu") and ref
+               else ", MFU n/a (no datasheet peak for this device)")
         line = f"{rec['rung']}: {changes} -> {r['img_s']:,.1f} samples/s, x{r['speedup']:.2f} fp32{mfu}"
         if rec["fastest"] != rec["rung"]:
             best = next(x for x in self.rows if x["rung"] == rec["fastest"])
@@ -111,7 +113,7 @@ class Card:
 
     def rung_table(self) -> str:
         head = ["rung", "change", "samples/s (band)", "x fp32", "against the row it changes", "step ms",
-                "peak MB", "MFU", "compile s"]
+                "peak MB", "MFU (its precision)", "MFU (bf16 peak)", "compile s"]
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in self.rows:
             if r["skipped"]:
@@ -121,10 +123,27 @@ class Card:
                 fig = ladder.figure(r)
                 cells = [r["rung"], r["change"], noise.shown(fig),
                          fmt(r.get("speedup"), ".2f"), self.verdicts.get(r["rung"], "-"), f"{r['step_ms']:.2f}",
-                         fmt(r["peak_mb"], ",.0f"), fmt(r["mfu"] and 100 * r["mfu"], ".1f") + ("%" if r["mfu"] else ""),
+                         fmt(r["peak_mb"], ",.0f"), _pct(r["mfu"]), _pct(self.mfu_of_reference(r)),
                          fmt(r["compile_s"], ".1f", "-")]
             lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
         return "\n".join(lines)
+
+    def mfu_of_reference(self, r: dict) -> float | None:
+        """A rung's MFU against one peak for every rung, the card's bf16 dense peak, so that rungs compare."""
+        ref, flops_per_sample = (peaks.dense_peaks(self.device) or {}).get("bf16"), self.probe.get("flops_per_sample")
+        return r["img_s"] * flops_per_sample / (ref * 1e12) if ref and flops_per_sample and r.get("img_s") else None
+
+    def peaks_note(self) -> str:
+        """The peaks the two MFU columns divide by, and where they come from."""
+        table = peaks.dense_peaks(self.device)
+        if not table:
+            return f"MFU is n/a: the workbook has no datasheet peak for {self.device}."
+        used = [p for p in ("fp32", "tf32", "bf16", "fp16") if p in {_precision(r, table, self.probe) for r in self.rows}]
+        named = ", ".join(f"{p} {table[p]:,.1f}" for p in used or ["bf16"])
+        return (f"MFU is the training step's FLOPs per sample x samples/s over a dense peak of the {self.device}: "
+                f"{named} TFLOP/s ({peaks.source(self.device)}, without sparsity). Each rung is divided by the peak of "
+                f"the precision it runs; the bf16 column divides every rung by {table['bf16']:,.1f} TFLOP/s, so that "
+                "rungs compare.")
 
     def markdown(self) -> str:
         head = f"## Card: {self.name} on {self.device} (torch {self.torch_version})"
@@ -134,7 +153,7 @@ class Card:
                 f"window), widened to at least ±{100 * noise.FLOOR:.0f}%; two figures are within noise when their bands "
                 f"overlap. Recommended is the earliest rung within noise of the fastest. Measured in {self.wall_s:.0f} s"
                 + self.phases() + ".")
-        return "\n".join([head, "", *rows, "", self.rung_table(), "", note])
+        return "\n".join([head, "", *rows, "", self.rung_table(), "", note, "", self.peaks_note()])
 
     def phases(self) -> str:
         """Where the card's seconds went: ': the rungs 120 s, the largest-batch search 9.4 s, measuring DDP 80 s'
@@ -264,6 +283,20 @@ def flops_line(p: dict) -> str:
     if not p.get("flops_forward"):
         return _flops(p["flops_per_sample"])
     return f"{flops.short(p['flops_forward'])} / {flops.short(p['flops_per_sample'])}: {p['flops_how']}"
+
+
+def _pct(v: float | None) -> str:
+    return fmt(v and 100 * v, ".1f") + ("%" if v else "")
+
+
+def _precision(r: dict, table: dict, probe: dict) -> str | None:
+    """The precision a measured rung ran at: stored with the row, or (a card stored before) the peak its MFU used."""
+    if r.get("skipped") or not r.get("mfu"):
+        return None
+    if r.get("precision"):
+        return r["precision"]
+    peak = r["img_s"] * probe["flops_per_sample"] / r["mfu"] / 1e12
+    return min(table, key=lambda p: abs(table[p] - peak))
 
 
 def _flops(v: float | None) -> str:
