@@ -474,3 +474,38 @@ def test_a_count_beyond_what_a_backward_pass_needs_falls_back_to_three_forwards(
     assert step.train == 3e9 and step.rule == "three_forward" and "3x the forward" in step.how
     assert flops.checked(1e9, 2.9e9, 2.9e9).rule == "counted"
     assert "below the 2x" in flops.checked(1e9, 1.2e9, 1.2e9).how  # frozen layers: kept, and said
+
+
+# ---------------------------------------------------------------------------------------- out of memory
+def _oom(*args, **kwargs):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+                                 "139.80 GiB of which 1.10 GiB is free.")
+
+
+def test_out_of_memory_in_the_engine_and_the_card_is_one_line(monkeypatch, tmp_path, capsys):
+    """torch.OutOfMemoryError came through as a traceback (only the largest-batch search caught it): the engine's
+    step loop, the card's bench and its probe now end in one line with the batch, the memory and the fix."""
+    from tutorial_lib import engine, oom
+
+    monkeypatch.setattr(engine.Run, "train_step", _oom)
+    assert cli.main(["train", "model=resnet18_imagenet", "dataset=shapes", "train_size=64", "steps=2", "timing_warmup=0", "batch_size=8",
+                     "device=cpu",
+                     "eval=false", "tensorboard=false", f"out_dir={tmp_path / 'train'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("error: out of memory at batch 8 asking for 2.00 GiB more on cpu"), err
+    assert "batch_size=4" in err and "precision=bf16" in err and "activation checkpointing" in err
+    with pytest.raises(oom.OutOfMemory, match="out of memory at batch 4 asking for 2.00 GiB more on cpu"):
+        tl.card(nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10)), images(), quiet=True, out=str(tmp_path / "c"))
+    monkeypatch.setattr(nn.Linear, "forward", _oom)
+    with pytest.raises(oom.OutOfMemory, match="at batch 4 asking"):
+        card_module.probe_model(ownmodel_parts(lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10)),
+                                               *images()()), tl.TrainConfig(device="cpu"))
+
+
+def test_fragmentation_names_expandable_segments(monkeypatch):
+    from tutorial_lib import oom
+
+    monkeypatch.setattr(oom, "_memory", lambda device: ("NVIDIA H200: the step reached 130,000 MiB", 30 * 2**30))
+    line = oom.message(RuntimeError("CUDA out of memory."), torch.device("cuda"), 512, "bf16")
+    assert "30,720 MiB were reserved but unallocated" in line and "expandable_segments:True" in line
+    assert "precision=bf16" not in line and "batch_size=256" in line  # bf16 already: not offered

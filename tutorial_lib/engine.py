@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from tqdm import tqdm
 
-from . import buckets, compilecache, data, distributed, lastwords, models, peaks, profiling, stepgraph, tensorboard
+from . import buckets, compilecache, data, distributed, lastwords, models, oom, peaks, profiling, stepgraph, tensorboard
 from .meters import COMPILE_WARMUP, LossLog, StepClock, check_timed, timing_fields, untimed_steps  # noqa: F401
 from .precision import (SkippedSteps, autocast, backend_flags, grad_scaler, set_cudnn_benchmark,  # noqa: F401
                         set_precision_flags)  # tl.engine.set_precision_flags: notebook 01
@@ -269,7 +269,7 @@ class Run:
         batches = None
         try:
             self.check_stop()  # a signal during set-up
-            with profiling.profiler(cfg, env) as prof:
+            with profiling.profiler(cfg, env) as prof, oom.one_line(self.device, self.batch_size, cfg.precision):
                 batches = self.batches()
                 clock.start()
                 while self.step < self.total_steps and not self.history.stopped_by:  # finished early (resumed)

@@ -27,6 +27,7 @@ import jinja2
 
 from .config import ROOT, TrainConfig, UserError, check_one_line, load, suggest
 from .results import atomic_write_text
+from .jobkeys import key_lines
 from .results import result_line  # noqa: F401  (tl.jobs.result_line: notebooks 01, 03)
 from .sites import (ARRAY_RE, PATH_RE, Site, check_name, check_pattern, check_slurm_words, default_site, directives,
                     load_site, time_seconds)
@@ -387,7 +388,7 @@ def render_command(record: dict) -> str:
 def write(name: str, cfg: TrainConfig | None = None, *, site: str | None = None, command: str | list | None = None,
           sweep: dict | list | None = None, description: str | None = None, jobs_dir: str | os.PathLike | None = None,
           show: bool = True, **resource_values: Any) -> Path:
-    """Render jobs/<name>.sbatch (see `render`), write it and print it (show=False: don't). Returns its path.
+    """Render jobs/<name>.sbatch (see `render`), write it and print its key lines (show=False: don't). Returns its path.
 
     The notebooks call this for the job of each lesson, e.g.
         tl.jobs.write("05_ddp", cfg.replace(parallel="ddp"), gpus_per_node=4, time="00:30:00",
@@ -407,7 +408,7 @@ def write(name: str, cfg: TrainConfig | None = None, *, site: str | None = None,
                         "--jobs-dir)") from None
     atomic_write_text(path, text)  # whole or not at all: a reader (sbatch, a test beside a notebook) never sees half
     if show:
-        print(f"# {shown_path(path)}\n{text}", end="")
+        print(key_lines(text, shown_path(path)))  # the file explains every line; the screen shows the key ones
     return path
 
 

@@ -30,7 +30,7 @@ from torch import nn
 
 from . import allreduce, bench, card_ddp, ladder, noise, size as size_switch
 from .card_report import Card, write_job
-from .. import engine, flops, ownmodel
+from .. import engine, flops, oom, ownmodel
 from ..config import TrainConfig, UserError, load
 from ..meters import untimed_steps
 from ..results import Result, make_folder
@@ -214,6 +214,8 @@ def probe_model(parts: ownmodel.Parts, cfg: TrainConfig) -> dict:
             loss.backward()
     except UserError:
         raise
+    except torch.cuda.OutOfMemoryError as e:  # one line: the batch, the peak, the card's memory, the fix
+        raise oom.OutOfMemory(oom.message(e, device, int(x.shape[0]), cfg.precision)) from None
     except (RuntimeError, TypeError, ValueError, IndexError) as e:
         line = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise UserError(f"one training step of the model on a batch of input {tuple(x.shape)} {x.dtype} and target "
@@ -256,8 +258,9 @@ def _describe(output: Any) -> str:
 # ---------------------------------------------------------------------------------------- the measures
 def measure_bench(parts: ownmodel.Parts, cfg: TrainConfig, sizes: CardSizes) -> bench.BenchResult:
     """IO / SYNTHETIC / FULL (lessons.bench) of the model at fp32, on the engine with the user's parts."""
-    return bench.bench(cfg.replace(out_dir=f"{cfg.out_dir}/bench", precision="fp32"), sizes.steps, sizes.window,
-                       sizes.warmup, make_run=parts.make_run)
+    with oom.one_line(engine.distributed.pick_device(cfg.device), cfg.batch_size, "fp32"):  # SYNTHETIC's steps
+        return bench.bench(cfg.replace(out_dir=f"{cfg.out_dir}/bench", precision="fp32"), sizes.steps, sizes.window,
+                           sizes.warmup, make_run=parts.make_run)
 
 
 def rung_plan(cfg: TrainConfig, probe: dict, only: list[str] | None, compile_on_cpu: bool) -> list[tuple]:
