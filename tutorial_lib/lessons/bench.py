@@ -10,8 +10,8 @@ FULL       the real training loop (`engine.Run.fit`), input and step together
 
 Each figure is defined as the training's throughput_img_s is: the images of the timed steps (after a
 warm-up) over their time, on the engine's clock (StepClock: CUDA events on a GPU, the host clock on a
-CPU), on every rank; beside it the slowest and fastest window of `window` steps, so that an effect can be
-told from noise. A job runs at the pace of its slowest rank, so that rank's figure is the job's. A pool of distinct batches (not one batch reused, which
+CPU), on every rank; beside it the rate of each window of `window` steps, the samples from which the interval
+of the mean is judged (lessons/noise.py). A job runs at the pace of its slowest rank, so that rank's figure is the job's. A pool of distinct batches (not one batch reused, which
 stays in cache and flatters SYNTHETIC) and per-rank timing (not rank 0 only) keep the figures honest.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import contextlib
 import io
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import noise
@@ -32,8 +32,11 @@ from ..results import atomic_write_text
 from ..values import count
 
 MEASURES = ("io", "synthetic", "full")
-CLOSE = 0.10  # IO and SYNTHETIC this close on average are balanced; FULL against them: noise.relation
+WAITED = 0.2  # FULL waited for data this share of its time or more: the input is a limit, whatever else is
 CPU_LIMIT = "on a CPU the step is the limit; measure again on a GPU"  # the knob of every verdict on a CPU but input
+LABELS = {"input": "input-bound", "bursts": "input-bound in bursts", "step": "step-bound", "launch": "launch-bound",
+          "compute": "compute-bound", "contended": "contended", "balanced": "balanced", "disagrees":
+          "measurement disagrees", "not settled": "not settled"}
 FULL_SIZES = {"shapes": 50_000, "shapes_hard": 50_000, "imagefolder": 50_000, "cifar10": 50_000, "cifar100": 50_000, "mnist": 60_000}
 
 
@@ -48,11 +51,14 @@ class Measurement:
     window_steps: int
     slowest_rank: int
     per_rank_img_s: list  # each rank's own figure (img/s of that rank alone)
+    window_img_s: list = field(default_factory=list)  # that rank's windows (x world size): the samples of the mean
 
     def line(self, device: str, world_size: int) -> str:
         ranks = f"slowest of {world_size} ranks" if world_size > 1 else "1 rank"
         n = spec(self.img_s)
-        return (f"{self.measure.upper():9s} {self.img_s:>10{n}} img/s  (windows {self.img_s_low:{n}}-"
+        mean = noise.shown(figure(self), n).split(" ", 1)  # the figure and the interval of its mean
+        sure = f" {mean[1]}" if len(mean) > 1 else ""
+        return (f"{self.measure.upper():9s} {self.img_s:>10{n}} img/s{sure:6s} (windows {self.img_s_low:{n}}-"
                 f"{self.img_s_high:{n}}, {self.windows} x {self.window_steps} steps, {ranks}) on {device}")
 
 
@@ -63,7 +69,7 @@ class BenchResult:
     world_size: int
     global_batch: int
     figures: dict  # measure -> Measurement
-    bound: str | None  # "input", "compute", "launch", "balanced" (None when IO or SYNTHETIC was not measured)
+    bound: str | None  # a key of LABELS (None when IO or SYNTHETIC was not measured)
     verdict: str | None
     full_data_wait_ms: float | None = None  # mean time per step FULL waited for its batch (the engine's clock)
     full_data_wait_fraction: float | None = None  # share of FULL's timed time spent waiting for batches
@@ -106,7 +112,7 @@ def measurement(measure: str, clock: StepClock, window: int, batch: int, env) ->
     w = env.world_size
     own, windows = every[slow]
     return Measurement(measure, own * w, min(windows) * w, max(windows) * w, len(rates), window, slow,
-                       [r for r, _ in every])
+                       [r for r, _ in every], [r * w for r in windows])
 
 
 # ---------------------------------------------------------------------------- the three measures
@@ -186,7 +192,7 @@ def _measure(run, env, measures, n_windows, window, warmup, prefetched, pool_siz
         figures["full"] = measurement("full", run.clock, window, run.batch_size, env)
     bound, text = None, None
     if "io" in figures and "synthetic" in figures:
-        bound, text = verdict(figures, run.cfg, env.device.type)
+        bound, text = verdict(figures, run.cfg, env.device.type, full.data_wait_fraction if full else None)
     device = engine.device_name(env.device)
     return BenchResult(run.cfg.to_dict(), device, env.world_size, run.batch_size * env.world_size, figures, bound, text,
                        full.data_wait_ms if full else None, full.data_wait_fraction if full else None)
@@ -194,112 +200,117 @@ def _measure(run, env, measures, n_windows, window, warmup, prefetched, pool_siz
 
 # ---------------------------------------------------------------------------- verdict
 def figure(m: Measurement) -> noise.Figure:
-    """A measure as a figure with its band: the slowest to the fastest window (noise.FLOOR at least)."""
-    return noise.Figure.of(m.img_s, m.img_s_low, m.img_s_high)
+    """A measure as an estimate of its mean rate: from its windows (noise.of_windows), or from the slowest and
+    fastest of them where a record kept only those (noise.of_range)."""
+    if len(m.window_img_s or []) > 1:
+        return noise.of_windows(m.window_img_s, m.img_s)
+    return noise.of_range(m.img_s, m.img_s_low, m.img_s_high, m.windows)
 
 
-def from_reference(figures: dict, key: str) -> dict:
+def from_reference(figures: dict, key: str, windows: int = 10) -> dict:
     """The Measurements of one row of a reference file that stores `<key>_<measure>`, `_low` and `_high`
-    (notebook 03's 03_loader_ladder), to judge them again with today's rule."""
-    return {m: Measurement(m, figures[f"{key}_{m}"], figures[f"{key}_{m}_low"], figures[f"{key}_{m}_high"], 0, 0, 0, [])
+    (notebook 03's 03_loader_ladder), to judge them again with today's rule; `<key>_windows` where stored, else
+    `windows` (the bench's default: steps // 10 steps per window)."""
+    n = figures.get(f"{key}_windows", windows)
+    return {m: Measurement(m, figures[f"{key}_{m}"], figures[f"{key}_{m}_low"], figures[f"{key}_{m}_high"], n, 0, 0, [])
             for m in MEASURES if f"{key}_{m}" in figures}
 
 
-def bound(figures: dict) -> str | None:
-    """What bounds the run. IO against SYNTHETIC on average (within CLOSE: balanced), FULL against SYNTHETIC
-    window by window (noise.relation: overlapping bands are equal): "input" when IO is below SYNTHETIC, or when
-    FULL is below SYNTHETIC while IO's slowest window is too (the loader delivers in bursts and the step waits
-    in the slow ones; there FULL's mean below SYNTHETIC's band is enough, since the waits are what widen FULL's
-    band); "launch" when FULL is below SYNTHETIC although IO keeps up in every window; "compute"
-    when SYNTHETIC is below IO and FULL reaches it; else "balanced"."""
+def _cmp(a: Measurement, b: Measurement) -> noise.Ratio:
+    return noise.compare(figure(a), figure(b), separate=False)  # the three measures: one process
+
+
+def bound(figures: dict, device_type: str = "cuda", waited: float | None = None, idle: float | None = None) -> str | None:
+    """What bounds the run, by the rule (noise.compare of the measures' means, one process):
+    "disagrees" when FULL is faster than IO or SYNTHETIC (a loop can't outrun its parts);
+    "input" when IO is slower than SYNTHETIC, or FULL waited for data `waited` >= WAITED of its time;
+    "bursts" (input-bound in bursts) when IO keeps up on average, its slowest window is below SYNTHETIC, and
+    FULL is slower than SYNTHETIC; "contended" when FULL is slower than SYNTHETIC although IO keeps up in every
+    window; "balanced" when FULL reaches SYNTHETIC and IO is within noise of it; "step" when FULL reaches
+    SYNTHETIC and IO is faster: the step is the limit. That is all the bench can tell; "launch" or "compute" only
+    with evidence of a GPU's trace: `idle`, the share of the step the GPU sat idle (>= 0.3: launch, else
+    compute); a CPU launches no kernels. "not settled" where a comparison that decides is not settled."""
     if "io" not in figures or "synthetic" not in figures:
         return None
-    io_, syn = figures["io"].img_s, figure(figures["synthetic"])
-    full = figure(figures["full"]) if "full" in figures else None
-    if io_ < (1 - CLOSE) * syn.value:
+    io_, syn, full = figures["io"], figures["synthetic"], figures.get("full")
+    if full is not None and "higher" in (_cmp(full, io_).verdict, _cmp(full, syn).verdict):
+        return "disagrees"
+    io_vs = _cmp(io_, syn).verdict
+    if io_vs == "lower" or (waited or 0) >= WAITED:
         return "input"
-    io_dips = figures["io"].img_s_low < syn.low
-    if full is not None and io_dips and full.value < syn.low:  # stalls widen FULL's band: its mean decides here
-        return "input"
-    if full is not None and noise.relation(full, syn) == "<":
-        return "input" if io_dips else "launch"
-    if syn.value < (1 - CLOSE) * io_:
-        return "compute"
-    return "balanced"
+    if full is None:
+        return {"higher": "step", "equal": "balanced"}.get(io_vs, "not settled")
+    full_vs = _cmp(full, syn).verdict
+    if full_vs == "lower":
+        return "bursts" if io_.img_s_low < syn.img_s else "contended"
+    if full_vs == "not settled" or io_vs == "not settled":
+        return "not settled"
+    if io_vs == "equal":
+        return "balanced"
+    if device_type == "cuda" and idle is not None:
+        return "launch" if idle >= 0.3 else "compute"
+    return "step"
 
 
 def in_bursts(figures: dict, kind: str | None = None) -> bool:
-    """Input-bound although IO keeps up on average: its slow windows stall the step (`bound`'s second case)."""
-    kind = bound(figures) if kind is None else kind
-    return kind == "input" and figures["io"].img_s >= (1 - CLOSE) * figures["synthetic"].img_s
+    """Input-bound although IO keeps up on average: its slow windows stall the step (`bound`'s "bursts")."""
+    return (bound(figures) if kind is None else kind) == "bursts"
 
 
-def bound_label(figures: dict) -> str | None:
-    """`bound` for a table's bound column: 'input (in bursts)' where the loader keeps up on average but not in
-    every window, so that the column agrees with the verdict beside it. (Notebook 03 uses it.)"""
-    kind = bound(figures)
-    return "input (in bursts)" if kind and in_bursts(figures, kind) else kind
+def bound_label(figures: dict, device_type: str = "cuda") -> str | None:
+    """`bound` for a table's bound column, in the words of the verdict: 'input-bound in bursts', 'step-bound'.
+    (Notebook 03 uses it.)"""
+    kind = bound(figures, device_type)
+    return LABELS[kind] if kind else None
 
 
-def verdict(figures: dict, cfg: TrainConfig, device_type: str) -> tuple[str, str]:
-    """What bounds the run (`bound`) and a sentence with the figures (each with its window spread) and the
-    knob to turn next. A FULL above the slower side by more than the spread is flagged: in a steady state the
-    loop can't outrun its input or its step, so one of the three was measured in unusual conditions."""
-    kind = bound(figures)
-    io_, syn = figure(figures["io"]), figure(figures["synthetic"])
-    full = figure(figures["full"]) if "full" in figures else None
-    f = {m: _figure(fig) for m, fig in figures.items()}
-    slow = f"{figures['io'].img_s_low:{spec(syn.value)}}"  # IO's slowest window
-    bursts = in_bursts(figures, kind)
-    if bursts:
-        text = (f"input-bound in bursts: FULL {f['full']} < SYNTHETIC {f['synthetic']} img/s; IO averages "
-                f"{f['io']} but its slowest window delivers {slow}, below SYNTHETIC: the step "
-                f"waits for batches in the slow windows — {burst_knob(cfg, device_type)}")
-    elif kind == "input":
-        head = f"FULL {f['full']} {_relation(full, io_)} " if full else ""
-        text = f"input-bound: {head}IO {f['io']} < SYNTHETIC {f['synthetic']} img/s — {input_knob(cfg, device_type)}"
-    elif kind == "launch":
-        why = ("the CPU thread that runs the loop, queuing the input's and the step's work, is the limit — "
-               if device_type == "cuda" else "the loading shares the cores that run the step — ")
-        return "launch", (f"host/launch-bound: FULL {f['full']} is {100 * (1 - full.value / syn.value):.0f}% below "
-                          f"SYNTHETIC {f['synthetic']} img/s while IO {f['io']} keeps up in every window: {why}"
-                          f"{launch_knob(cfg, device_type)}")
-    elif kind == "compute":
-        head = f"FULL {f['full']} {_relation(full, syn)} " if full else ""
-        text = (f"compute-bound: {head}SYNTHETIC {f['synthetic']} < IO {f['io']} img/s — "
-                f"{compute_knob(cfg, device_type)}")
-        if full is not None and figures["io"].img_s_low < syn.low:
-            text += (f". IO's slowest window ({slow}) is below SYNTHETIC: the batches the "
-                     "loader had queued bridged it this time; a longer slow spell would stall the step")
+def _pair(figures: dict, kind: str) -> tuple[str, str]:
+    """The two measures whose ratio decides `kind`."""
+    if kind == "disagrees":
+        return max((("full", "io"), ("full", "synthetic")), key=lambda p: _cmp(figures[p[0]], figures[p[1]]).value)
+    if kind == "not settled":
+        pairs = [p for p in (("io", "synthetic"), ("full", "synthetic")) if p[0] in figures]
+        return next((p for p in pairs if _cmp(figures[p[0]], figures[p[1]]).verdict == "not settled"), pairs[0])
+    pair = {"input": ("io", "synthetic"), "step": ("synthetic", "io"), "compute": ("synthetic", "io"),
+            "launch": ("synthetic", "io"), "balanced": ("io", "synthetic")}.get(kind, ("full", "synthetic"))
+    return pair if pair[0] in figures else ("io", "synthetic")
+
+
+def behind(figures: dict, kind: str) -> str:
+    """The one ratio behind a bound, with its interval: 'IO/SYNTHETIC x0.34 (0.31-0.37)'."""
+    a, b = _pair(figures, kind)
+    return f"{a.upper()}/{b.upper()} {_cmp(figures[a], figures[b])}"
+
+
+def verdict(figures: dict, cfg: TrainConfig, device_type: str, waited: float | None = None,
+            idle: float | None = None) -> tuple[str, str]:
+    """What bounds the run (`bound`) in two lines at most: the bound and the one ratio behind it with its
+    interval; then the knob to turn next. The figures and their windows are in the bench's record."""
+    kind = bound(figures, device_type, waited, idle)
+    head = f"{LABELS[kind]}: {behind(figures, kind)}"
+    if kind == "input" and (waited or 0) >= WAITED and _cmp(figures["io"], figures["synthetic"]).verdict != "lower":
+        head += f", FULL waited {100 * waited:.0f}% of its time"
+    knob = {"input": input_knob, "bursts": burst_knob, "step": compute_knob, "compute": compute_knob,
+            "launch": launch_knob, "contended": _contention_hint, "balanced": input_knob}.get(kind)
+    if kind == "disagrees":
+        tail = "rerun: a loop can't outrun its parts (other work on the machine?)"
+    elif kind == "not settled":
+        a, b = _pair(figures, kind)
+        more = _cmp(figures[a], figures[b]).more
+        tail = f"measure longer: {more} more windows would decide" if more else "measure longer (raise --steps)"
     else:
-        tail = f", FULL {f['full']}" if full else ""
-        text = (f"balanced: IO {f['io']} ≈ SYNTHETIC {f['synthetic']} img/s{tail} — speeding up one side alone "
-                f"gains little: {input_knob(cfg, device_type)}; and {compute_knob(cfg, device_type)}")
-    if full is not None:
-        slower = min((io_, syn), key=lambda x: x.value)
-        rel = noise.relation(full, slower)
-        if rel == ">":
-            text += (". FULL is above the slower side by more than the windows' spread, which a steady loop can't "
-                     "be: one of the measures ran in unusual conditions (other work on the machine?); measure again")
-        elif rel == "<" and not bursts and full.value < (1 - 2 * CLOSE) * slower.value:
-            text += (f". FULL is {100 * (1 - full.value / slower.value):.0f}% below the slower side: loading and the "
-                     f"step slow each other down ({_contention_hint(cfg, device_type)})")
-    return kind, text
+        tail = knob(cfg, device_type)
+    return kind, f"{head}\nnext: {tail}"
 
 
 def _figure(m: Measurement) -> str:
-    """A figure with its band as the verdicts judge it (`figure`: the windows, noise.FLOOR at least), e.g.
-    '9,300 (±5%)'; windows that differ by more than the figure itself: their range."""
-    return noise.shown(figure(m), "windows", spec(m.img_s))
+    """A figure with the interval of its mean, as the verdicts judge it (`figure`): '9,300 ±2%'."""
+    return noise.shown(figure(m), spec(m.img_s))
 
 
 def spec(img_s: float) -> str:
     """How the bench prints a rate: whole images per second, one decimal below 100 (a large model on a CPU)."""
     return ",.1f" if img_s < 100 else ",.0f"
-
-
-def _relation(a: noise.Figure, b: noise.Figure) -> str:
-    return noise.relation(a, b)
 
 
 def dataset_mb(cfg: TrainConfig) -> float:
@@ -312,40 +323,36 @@ def dataset_mb(cfg: TrainConfig) -> float:
 
 
 def input_knob(cfg: TrainConfig, device_type: str) -> str:
-    """What to change when the input pipeline is the limit."""
+    """What to change when the input pipeline is the limit (one line of a verdict)."""
     cpus = usable_cpus()
     if cfg.loader == "gpu_resident":
-        return ("the input already runs on the device: raise batch_size (fewer, larger augmentation launches), "
-                "or time it with augment=false")
+        return "raise batch_size (fewer augmentation launches), or time it with augment=false"
     knobs = []
     if device_type == "cuda":
-        knobs.append(f"move loading and augmentation to the GPU (loader=gpu_resident: {dataset_mb(cfg):,.0f} MiB "
-                     "of images)")
+        knobs.append(f"loader=gpu_resident ({dataset_mb(cfg):,.0f} MiB of images)")
     workers, in_job = cfg.workers(), bool(os.environ.get("SLURM_CPUS_PER_TASK"))
     if workers < cpus - 1:
-        knobs.append(f"raise num_workers (now {workers}; you have {count(cpus, 'CPU')} "
-                     + ("per task)" if in_job else "for this process)"))
-    elif in_job:
-        knobs.append(f"ask for more CPUs per task: num_workers={workers} already uses your {cpus}")
+        knobs.append(f"raise num_workers (now {workers}; {count(cpus, 'CPU')} " + ("per task)" if in_job else "here)"))
+    elif in_job or knobs:
+        knobs.append(f"more CPUs ({workers} workers on {cpus})")
     else:
-        knobs.append(f"more CPUs (in a Slurm job: --cpus-per-task): num_workers={workers} already uses the {cpus} "
-                     "this process may use")
+        knobs.append(f"more CPUs (Slurm: --cpus-per-task; {workers} workers use the {cpus} here)")
     return " or ".join(knobs)
 
 
 def burst_knob(cfg: TrainConfig, device_type: str) -> str:
     """What to change when the loader delivers in bursts: first what steadies the delivery and the config does not
-    have yet (workers started anew every epoch, pageable copies that block the loop), then `input_knob`. On one
+    have yet (workers started anew every epoch, pageable copies that block the loop), else `input_knob`. On one
     H200, 8 workers delivered in bursts (FULL 12,179 img/s, waiting 5.7 ms a step); the same 8 workers pinned and
     persistent did not (FULL 17,441, 1.0 ms), where 4 -> 8 workers had raised FULL by 3%."""
     steady = []
     if cfg.loader != "gpu_resident" and cfg.workers() > 0 and not cfg.persistent_workers:
-        steady.append("persistent_workers=true (without it the workers start anew every epoch)")
+        steady.append("persistent_workers=true")
     if cfg.loader != "gpu_resident" and device_type == "cuda" and not cfg.pin_memory:
-        steady.append("pin_memory=true (pageable host-to-device copies block the loop)")
+        steady.append("pin_memory=true")
     if not steady:
         return input_knob(cfg, device_type)
-    return f"first steady the delivery: {' and '.join(steady)}; then {input_knob(cfg, device_type)}"
+    return f"steady the delivery first: {' '.join(steady)}"
 
 
 def compute_knob(cfg: TrainConfig, device_type: str) -> str:
@@ -356,17 +363,14 @@ def compute_knob(cfg: TrainConfig, device_type: str) -> str:
         return "compute in bf16: precision=bf16 channels_last=true (notebook 04)"
     if not cfg.channels_last:
         return "channels_last=true (notebook 04)"
-    return _graphs_or_batch(cfg) + "; then more GPUs (notebooks 05 and 06)"
+    return _graphs_or_batch(cfg)
 
 
 def launch_knob(cfg: TrainConfig, device_type: str) -> str:
-    """What to change when the host thread that runs the loop is the limit. On a CPU the step itself runs on the
-    cores the loading shares: the step is the limit there, whatever the workers (fewer than one is none)."""
+    """What to change when the host thread that launches the GPU's kernels is the limit (a trace's idle share
+    says so); a CPU launches no kernels, its step is the limit."""
     if device_type != "cuda":
         return CPU_LIMIT
-    cpus = usable_cpus()
-    if cfg.loader != "gpu_resident" and cfg.workers() >= cpus - 1 > 0:
-        return _contention_hint(cfg, device_type)
     return _graphs_or_batch(cfg)
 
 
@@ -376,18 +380,17 @@ def _graphs_or_batch(cfg: TrainConfig) -> str:
     and backward pieces) or a larger batch (fewer, larger kernels). Not plain compile=true: its default mode
     still launches every kernel, and on an H200 at batch 256 it made the bf16 step slower than eager."""
     if cfg.cuda_graph or (cfg.compile and cfg.compile_mode == "reduce-overhead"):
-        return f"a larger batch_size (now {cfg.batch_size}: fewer, larger kernels per image) (notebook 04)"
-    return ("replay the whole step as one CUDA graph: cuda_graph=true (with compile=true for fused kernels), or "
-            f"a larger batch_size (now {cfg.batch_size}: fewer, larger kernels per image); measure both (notebook 04)")
+        return f"a larger batch_size (now {cfg.batch_size}), then more GPUs (notebooks 05, 06)"
+    return f"cuda_graph=true (one launch a step) or a larger batch_size (now {cfg.batch_size}) (notebook 04)"
 
 
 def _contention_hint(cfg: TrainConfig, device_type: str) -> str:
+    """What to change when FULL is below both of its parts: the input and the step slow each other."""
     if device_type != "cuda":
-        return "on a CPU the loading and the step share the cores"
+        return "fewer workers: on a CPU the loading and the step share the cores"
     cpus = usable_cpus()
     if cfg.loader != "gpu_resident" and cfg.workers() >= cpus - 1:
-        workers = count(cfg.workers(), "worker")
-        return f"{workers} and the training loop share {cpus} CPUs: try fewer workers"
-    if device_type == "cuda" and not cfg.pin_memory:
-        return "pageable host-to-device copies block the loop: pin_memory=true"
-    return "CPU time, memory bandwidth or host-device syncs shared by both"
+        return f"fewer workers: {count(cfg.workers(), 'worker')} and the loop share {cpus} CPUs"
+    if not cfg.pin_memory:
+        return "pin_memory=true (pageable host-to-device copies block the loop)"
+    return "look for host-device syncs in the step (a trace, notebook 02)"

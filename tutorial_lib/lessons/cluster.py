@@ -131,18 +131,18 @@ def numa_check(base: TrainConfig, size, out: Path, gpus: list[int]) -> dict:
 
 
 def binding_verdict(img_s: dict) -> str:
-    """Bound against unbound pair by pair (each pair run back to back), by the workbook's one noise rule
-    (tl.noise: two figures differ only when their bands do not overlap): an effect of binding only where both
-    pairs agree; pairs that disagree mean the node drifts as much as binding could change."""
+    """Bound against unbound pair by pair (each pair run back to back), by the workbook's one rule (noise.compare:
+    single runs, so only the cross-process floor judges them): an effect of binding only where both pairs agree;
+    pairs that disagree mean the node drifts as much as binding could change."""
     pairs = [(img_s[f"bound_{i}"], img_s[f"unbound_{i}"]) for i in (1, 2)]
     words = ", ".join(f"x{b / u:.2f}" for b, u in pairs)
-    rel = {noise.relation(noise.Figure.of(b), noise.Figure.of(u)) for b, u in pairs}
-    beyond = f"beyond the noise (their ±{noise.FLOOR:.0%} bands do not overlap)"
-    if rel == {">"}:
+    rel = {noise.compare(noise.Figure.of(b), noise.Figure.of(u)).verdict for b, u in pairs}
+    beyond = f"beyond the {noise.FLOOR:.0%} that two runs differ by anyway"
+    if rel == {"higher"}:
         return f"bound is faster in both pairs ({words}), {beyond}"
-    if rel == {"<"}:
+    if rel == {"lower"}:
         return f"bound is slower in both pairs ({words}), {beyond}"
-    if rel == {"≈"}:
+    if rel == {"equal"}:
         return f"within noise in both pairs ({words}): binding changes nothing measurable here"
     return (f"the two pairs disagree ({words}): the runs drift as much as binding could change them, so this "
             "measurement does not settle it")

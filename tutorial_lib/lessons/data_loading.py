@@ -116,37 +116,38 @@ def resident_ratio(rec: dict) -> float:
 
 
 def check_line(records: list[dict]) -> str:
-    """The check of a GPU run, by the workbook's rule for a difference (noise.relation): FULL of every
-    gpu_resident row is not below SYNTHETIC by more than their windows' spread. On a CPU the input and the step
-    share the cores, so it proves nothing there."""
+    """The check of a GPU run, by the workbook's rule for a difference (noise.compare): FULL of every
+    gpu_resident row is not slower than SYNTHETIC. On a CPU the input and the step share the cores, so it proves
+    nothing there."""
     rows = [rec for rec in records if "gpu_resident" in rec["case"]]
-    below = [rec["case"] for rec in rows if noise.relation(
-        *(bench.figure(bench.Measurement(**rec["figures"][m])) for m in ("full", "synthetic"))) == "<"]
+    below = [rec["case"] for rec in rows if noise.compare(
+        *(bench.figure(bench.Measurement(**rec["figures"][m])) for m in ("full", "synthetic")), separate=False).verdict
+        == "lower"]
     cpu = " (a check for a GPU: on a CPU the input and the step share the cores)" if records[0]["device"].startswith(
         "CPU") else ""
     ratios = ", ".join(f"{rec['case']} {resident_ratio(rec):.3f}" for rec in rows)
-    verdict = f"FAIL: below beyond the spread in {', '.join(below)}" if below else "PASS"
-    return f"gpu_resident FULL within noise of SYNTHETIC ({ratios}): {verdict}{cpu}"
+    verdict = f"FAIL: slower in {', '.join(below)}" if below else "PASS"
+    return f"gpu_resident FULL not slower than SYNTHETIC ({ratios}): {verdict}{cpu}"
 
 
 def keeps_up(row: dict) -> str:
     """What one pipeline's IO / SYNTHETIC / FULL (bench Measurements, e.g. bench.from_reference) say of its loader,
-    for notebook 03's GPU summary, by the rule of the verdicts (bench.bound): the loader keeps up when IO's slowest
-    window reaches SYNTHETIC's band. A FULL within noise of SYNTHETIC while IO dips below that band is within
-    noise only because FULL's own windows are wide; each band is shown as the verdicts show it (noise.shown)."""
-    io_, syn, full = row["io"], bench.figure(row["synthetic"]), bench.figure(row["full"])
+    for notebook 03's GPU summary, by the rule of the verdicts (bench.bound): the loader keeps up when its slowest
+    window stays above SYNTHETIC; FULL against SYNTHETIC is the ratio of their means with its interval."""
+    io_, syn = row["io"], row["synthetic"]
     kind = bench.bound(row)
-    if kind == "launch":
-        return "IO keeps up in every window, so the host, not the loader, is the limit."
-    dip = f"IO's slowest window ({io_.img_s_low:,.0f} img/s) is below SYNTHETIC ({syn.value:,.0f})"
+    full = f"FULL/SYNTHETIC {bench.behind(row, 'bursts')}".replace("FULL/SYNTHETIC FULL/SYNTHETIC", "FULL/SYNTHETIC")
+    if kind == "contended":
+        return f"IO keeps up in every window, yet {full}: the input and the step slow each other."
+    dip = f"IO's slowest window ({io_.img_s_low:,.0f} img/s) is below SYNTHETIC ({syn.img_s:,.0f})"
+    if kind == "bursts":
+        return f"{dip}: the loader delivers in bursts, and the step waits in the slow ones ({full})."
     if kind == "input":
-        return (f"{dip}: the loader delivers in bursts, and the step waits in the slow ones." if io_.img_s >= syn.value
-                else f"IO ({io_.img_s:,.0f} img/s) is below SYNTHETIC ({syn.value:,.0f}): the loader is the limit.")
-    if io_.img_s_low >= syn.low:
-        return (f"IO's slowest window ({io_.img_s_low:,.0f} img/s) is within or above SYNTHETIC's band, "
-                f"{noise.shown(syn, 'windows', ',.0f')}: the loader keeps up on this card at this batch.")
-    return (f"{dip}, so the loader does not keep up all the time; FULL {noise.shown(full, 'windows', ',.0f')} is "
-            f"within noise of SYNTHETIC {noise.shown(syn, 'windows', ',.0f')} only because its windows are that wide.")
+        return f"IO ({io_.img_s:,.0f} img/s) is below SYNTHETIC ({syn.img_s:,.0f}): the loader is the limit."
+    if io_.img_s_low >= syn.img_s:
+        return (f"IO's slowest window ({io_.img_s_low:,.0f} img/s) is above SYNTHETIC ({syn.img_s:,.0f}): "
+                "the loader keeps up on this card at this batch.")
+    return f"{dip}, but the batches queued bridged it: {full}, so the loader keeps up on average."
 
 
 def ranks(cfg: TrainConfig, sizes: Sizes) -> dict:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from . import scaling
+from . import noise, scaling
 from .cases import Case, Runner, Selection, node_gpus, trace_figures, why_missing
 from .scaling_study import shown_band
 from ..config import TrainConfig, UserError
@@ -159,9 +159,11 @@ def not_recorded(figures: dict, group: str, node_gpus: int | None = None) -> lis
 
 
 def versus(a: dict, b: dict, than: str) -> tuple[float, str]:
-    """a's img/s over b's, and the verdict of their bands (tl.scaling.band): slower, faster or within noise."""
-    words = {"<": "slower than", ">": "faster than", "≈": "within noise of"}
-    return a["throughput_img_s"] / b["throughput_img_s"], f"{words[scaling.judge(scaling.band(a), scaling.band(b))]} {than}"
+    """a's img/s over b's, and the rule's verdict (noise.compare of tl.scaling.figure, two runs): 'slower than',
+    'faster than', 'within noise of' or 'not settled against' `than`."""
+    r = noise.compare(scaling.figure(a), scaling.figure(b))
+    words = {"higher": "faster than", "lower": "slower than", "equal": "within noise of"}
+    return a["throughput_img_s"] / b["throughput_img_s"], f"{words.get(r.verdict, 'not settled against')} {than}"
 
 
 def comparison(figures: dict, name: str) -> dict | None:
@@ -180,7 +182,8 @@ def comparison(figures: dict, name: str) -> dict | None:
         return None
     p = scaling.efficiency(run, base, "weak", gpus)
     base_name = next(k for k, v in singles.items() if v is base)
-    v = scaling.scaling_verdict(run, base, p.gpus)
+    base_rec = figures["cases"][next(k for k, v in singles.items() if v is base)]
+    v = scaling.scaling_verdict(run, base, p.gpus, rec.get("bench"), base_rec.get("bench"))
     return {"case": name, "about": rec["about"], "gpus": p.gpus, "batch_per_gpu": p.batch_per_gpu,
             "img_s": p.img_s, "baseline": figures["cases"][base_name]["about"],
             "baseline_img_s": base["throughput_img_s"], "speedup": p.speedup, "efficiency": p.efficiency,

@@ -1,26 +1,25 @@
 """The evidence behind notebook 04's sentences, computed rather than typed: which rung of the eager ladder gains
 most, whether the engine keeps up with a bare loop (measured in alternated pairs, so that other work on the
 machine moves both), and whether a lower precision still learns (validation accuracy and images to a target
-per seed, the seed spread beside them). Every verdict follows the one rule of `noise`: a difference smaller than
-the spread is noise.
+per seed, the seed spread beside them). Every verdict follows the one rule of `noise`: two figures differ when the
+interval of their ratio excludes 1.
 """
 from __future__ import annotations
 
 import contextlib
 import io
-import re
 import statistics
 
 import torch
 
-from . import ladder, noise
+from . import bench, ladder, noise
 from .. import engine, reference
 from ..config import TrainConfig
 
 
 def largest_gain(rows: list[dict], among: list[str] | None = None) -> tuple[str, float, str] | None:
     """(rung, x over the row it changes, verdict) of the rung with the largest gain among `among` (all measured
-    rungs when None) whose gain is beyond noise; None when every gain is within noise."""
+    rungs when None) that the rule calls faster; None when none is."""
     got = {r["rung"]: r for r in rows if not r["skipped"]}
     said = ladder.verdicts(rows)
     gains = [(got[k]["img_s"] / got[b]["img_s"], k) for k, b in ladder.compared_with(rows).items()
@@ -52,9 +51,9 @@ def mean_step_ms(r: dict) -> float:
 
 def payback_lines(rows: list[dict], eager: str = "fused_adamw",
                   compiled: tuple[str, ...] = ("compile", "reduce_overhead", "step_graph")) -> list[str]:
-    """For each compiled rung: its compile time, its mean step against the eager rung's, the verdict of the noise
-    rule (ladder.against), and after how many steps the compile time is paid back. A pay-back is only stated for
-    a gain beyond the noise; within noise the steps it would take are given as what the means say, not more.
+    """For each compiled rung: its compile time, its mean step against the eager rung's, the verdict of the rule
+    (ladder.against), and after how many steps the compile time is paid back. A pay-back is only stated for a
+    gain the rule calls faster; otherwise the steps it would take are given as what the means say, not more.
     [] when the rows hold no compiled rung or no `eager` row (a CPU run)."""
     got = {r["rung"]: r for r in rows if not r["skipped"]}
     if eager not in got or not set(compiled) & set(got):
@@ -63,15 +62,16 @@ def payback_lines(rows: list[dict], eager: str = "fused_adamw",
     lines = []
     for name in [n for n in compiled if n in got]:
         r, said = got[name], ladder.against(rows, name, eager)
-        faster = noise.relation(ladder.figure(r), ladder.figure(got[eager])) == ">"  # the verdict `said` words
+        verdict = noise.compare(ladder.figure(r), ladder.figure(got[eager])).verdict  # the one `said` words
         ms = mean_step_ms(r)
         steps = 1000 * r["compile_s"] / (base - ms) if base > ms else None
         if steps is None:
             pays = "its mean step is not shorter, so nothing pays the compile back"
-        elif faster:
+        elif verdict == "higher":
             pays = f"pays back after {steps:,.0f} steps"
         else:
-            pays = f"the gain is within noise, so no pay-back is shown (at these means: after {steps:,.0f} steps)"
+            gain = "within noise" if verdict == "equal" else "not settled"
+            pays = f"the gain is {gain}, so no pay-back is shown (at these means: after {steps:,.0f} steps)"
         first = got.get("compile", {}).get("compile_s") or 0
         cached = (" (Inductor's on-disk cache already held most of its kernels, compiled for the rungs above: on a "
                   "fresh machine it pays the compile rung's time once)"
@@ -82,18 +82,24 @@ def payback_lines(rows: list[dict], eager: str = "fused_adamw",
 
 
 def bench_reference_lines(records: list[dict]) -> list[str]:
-    """The bench at the optimized recipe as each card's reference run stored it (figures.bench_optimized): the
-    verdict in the words the bench printed that day. Its bands cannot be judged again (a reference file keeps no
-    windows), so where a band is narrower than today's noise.FLOOR a last line says so."""
-    lines, narrow = [], False
+    """The bench at the optimized recipe as each card's reference run stored it (figures.bench_optimized), judged
+    again by today's rule (bench.verdict): from the windows a record keeps; a record made before they were kept
+    holds single figures, which only the cross-process floor can judge, and the line says so."""
+    lines = []
     for rec in records:
         for loader, b in rec["figures"].get("bench_optimized", {}).items():
-            lines += [f"-- loader={loader} on {reference.where(rec)}, as the bench printed it then:", b["verdict"]]
-            narrow |= any(int(n) < 100 * noise.FLOOR for n in re.findall(r"\(±(\d+)%\)", b["verdict"]))
-    if narrow:
-        lines.append(f"(those verdicts' bands are half the range of their windows alone: the bench of that day did "
-                     f"not yet print every band as at least ±{100 * noise.FLOOR:.0f}%, as today's does; a reference "
-                     "file keeps no windows, so they cannot be judged again)")
+            kept = b.get("windows") or {}
+            figures = {m: bench.Measurement(m, b[m], min(kept.get(m) or [b[m]]), max(kept.get(m) or [b[m]]),
+                                            len(kept.get(m) or []), 0, 0, [], kept.get(m) or [])
+                       for m in bench.MEASURES if m in b}
+            if "io" not in figures or "synthetic" not in figures:
+                continue
+            device = "cuda" if "CPU" not in b.get("device", rec.get("card", "")) else "cpu"
+            text = bench.verdict(figures, TrainConfig(**(b.get("config") or {})), device, b.get("waited"))[1]
+            head = text.splitlines()[0]
+            single = "" if kept else " (single figures: this record kept no windows)"
+            lines += [f"-- loader={loader} on {reference.where(rec)}: IO {b['io']:,.0f}, SYNTHETIC "
+                      f"{b['synthetic']:,.0f}, FULL {b.get('full', float('nan')):,.0f} img/s", f"   {head}{single}"]
     return lines
 
 
@@ -109,8 +115,9 @@ def engine_vs_bare(sizes: ladder.Sizes, pairs: int = 3, timed: int = 6, override
     loop's own cost is in every step, other work on the machine only in some. `threads`: PyTorch's CPU threads
     during the pairs (1 on a small shared CPU: every parallel operation waits for all its threads, so one thread
     that loses its core stalls the whole step, in whichever run it happens). Returns each pair's ratio (engine /
-    bare loop, images per second of the p10 step) and the verdict: within noise when the range of the ratios
-    (noise.FLOOR at least) holds 1. The runs write under ENGINE_VS_BARE_DIR unless overrides name an out_dir."""
+    bare loop, images per second of the p10 step) and the verdict of the rule on their mean (noise.of_runs against
+    1; separate runs, so the floor applies). The runs write under ENGINE_VS_BARE_DIR unless overrides name an
+    out_dir."""
     overrides = {"out_dir": ENGINE_VS_BARE_DIR, **(overrides or {})}
     plan = {rung.name: (rung, cfg) for rung, cfg, _ in ladder.configs(sizes, overrides, ladder.device_type(overrides))}
     (engine_rung, cfg), (bare_rung, _) = plan["gpu_resident"], plan["bare_loop"]
@@ -126,11 +133,12 @@ def engine_vs_bare(sizes: ladder.Sizes, pairs: int = 3, timed: int = 6, override
             device = got["engine"]["device"]
     finally:
         torch.set_num_threads(before)
-    spread = noise.spread_of(ratios)
-    words = {"≈": "within noise: the engine runs as fast as the bare loop",
-             "<": "the engine is slower than the bare loop", ">": "the engine is faster than the bare loop"}[noise.relation(spread, noise.Figure(1.0, 1.0, 1.0))]
-    return {"ratios": ratios, "median": spread.value, "low": spread.low, "high": spread.high, "verdict": words,
-            "device": device, "timed_steps": timed}
+    mean = noise.of_runs(ratios, "pairs")
+    r = noise.compare(mean, noise.Figure.of(1.0))
+    words = {"equal": "within noise: the engine runs as fast as the bare loop",
+             "lower": "the engine is slower than the bare loop", "higher": "the engine is faster than the bare loop"}
+    return {"ratios": ratios, "mean": mean.value, "low": r.low, "high": r.high, "device": device,
+            "verdict": words.get(r.verdict) or f"engine against bare loop {r.words()}", "timed_steps": timed}
 
 
 def precision_runs(base: TrainConfig, precisions, seeds, out_dir: str = "runs/04_precisions") -> dict:
@@ -157,12 +165,43 @@ def last_loss(result, tail: int = 5) -> float:
     return sum(losses) / len(losses)
 
 
-def _judge(values: dict, against: str, higher: str, lower: str) -> dict:
-    """precision -> verdict of its seeds' range against `against`'s (no floor: between seeds is the noise)."""
-    band = {p: noise.spread_of(v, floor=0.0) for p, v in values.items()}
-    words = {"≈": f"its seeds overlap {against}'s: no difference shown", "<": f"{lower} than {against}, beyond the seed spread",
-             ">": f"{higher} than {against}, beyond the seed spread"}
-    return {p: "the reference" if p == against else words[noise.relation(b, band[against])] for p, b in band.items()}
+def _judge(values: dict, against: str, higher: str, lower: str, extra: float = 0.0) -> dict:
+    """precision -> the rule's verdict on the mean of its seeds against `against`'s (noise.of_runs: the seeds
+    are the samples, so no cross-process floor). `extra`: a relative standard error to add to each mean where
+    the same seed moves more between runs than the seeds differ (`repeatability`)."""
+    mean = {p: _widened(noise.of_runs(v, "seeds"), extra) for p, v in values.items()}
+    said = {"equal": f"no difference from {against} shown", "higher": f"{higher} than {against}",
+            "lower": f"{lower} than {against}"}
+    out = {}
+    for p, m in mean.items():
+        r = noise.compare(m, mean[against], separate=False)
+        out[p] = "the reference" if p == against else f"{r}, {said.get(r.verdict) or r.words()}"
+    return out
+
+
+def _widened(f: noise.Figure, extra: float) -> noise.Figure:
+    return noise.Figure(f.value, (f.se ** 2 + extra ** 2) ** 0.5, f.n, f.spread, f.unit) if extra else f
+
+
+def repeatability(values: dict, record: dict | None) -> tuple[str | None, float]:
+    """How far one seed moved between this race and a reference run of it on the same kind of card, against the
+    yardstick of the race (the standard error of a precision's mean over its seeds). Returns a line to print
+    where the run-to-run change is the larger, and that change as the relative standard error to use instead
+    (0.0 where the seeds' own spread is the larger, or there is no record to hold this run against)."""
+    f = (record or {}).get("figures", {})
+    moves, yard = [], []
+    for p, now in values.items():
+        then = f.get(f"{p}_accuracy") or []
+        moves += [abs(a - b) / b for a, b in zip(now, then) if a is not None and b]
+        if len(now) > 1:
+            yard.append(noise.of_runs(now).se)
+    if not moves or not yard:
+        return None, 0.0
+    change, stick = statistics.fmean(moves), max(yard)
+    if change <= stick:
+        return None, 0.0
+    return (f"one seed moved {100 * change:.1f}% between this run and the reference, more than the seeds differ "
+            f"({100 * stick:.1f}%): the verdicts use the larger"), change
 
 
 def precision_verdicts(runs: dict, target: float, against: str = "fp32", tail: int = 5) -> list[dict]:
@@ -222,7 +261,7 @@ BASELINE_RUNS = (
 
 def baseline_runs(folder=None) -> list[dict]:
     """The fp32 baseline step as each notebook's GPU reference run measured it: card, date, img/s with the
-    spread of its steps (noise.step_band; notebook 02 keeps only a median), and what that run does besides."""
+    interval of its mean (noise.of_steps; notebook 02 keeps only a median), and what that run does besides."""
     out = []
     for name, what in BASELINE_RUNS:
         rec = reference.load(name, folder)
@@ -232,16 +271,17 @@ def baseline_runs(folder=None) -> list[dict]:
         if name == "01_baseline":
             batch, median, p10, p90, img_s = (f["batch"], f["step_median_ms"], f["step_p10_ms"], f["step_p90_ms"],
                                               f["throughput_img_s"])
+            steps = f.get("steps", 0)
         elif name == "02_step_breakdown":
             batch = 256  # notebook 02's GPU size, that of notebook 01
             median = p10 = p90 = f["fp32_unprofiled_step_ms"]
-            img_s = 1000 * batch / median
+            img_s, steps = 1000 * batch / median, 0  # a median alone: a single figure
         else:
             row = next(r for r in f["rows"] if r["rung"] == "fp32")
             batch, median, p10, p90 = row["batch"], row["step_ms"], row["step_ms_p10"], row["step_ms_p90"]
-            img_s = row["img_s"]
+            img_s, steps = row["img_s"], row.get("steps", 0)
         out.append({"name": name, "what": what, "card": rec["card"], "date": rec["date"], "torch": rec["torch"],
-                    "median_ms": median, "figure": noise.step_band(img_s, median, p10, p90)})
+                    "median_ms": median, "figure": noise.of_steps(img_s, median, p10, p90, steps, None, batch)})
     return out
 
 
@@ -258,8 +298,8 @@ def baseline_lines(runs: list[dict]) -> list[str]:
             said = "" if r is first else "  " + noise.versus(f, first["figure"]).replace(
                 "faster", f"faster than {first['name']}").replace("slower", f"slower than {first['name']}").replace(
                 "within noise", f"within noise of {first['name']}")
-            lines.append(f"  {r['name']:18s} median step {r['median_ms']:5.1f} ms, {f.value:7,.0f} img/s "
-                         f"(noise band ±{100 * f.spread:.0f}%), {r['date']}{said}  | {r['what']}")
+            lines.append(f"  {r['name']:18s} median step {r['median_ms']:5.1f} ms, {noise.shown(f)} img/s, "
+                         f"{r['date']}{said}  | {r['what']}")
     return lines
 
 
@@ -295,9 +335,9 @@ def baseline_check_lines(folder=None) -> list[str]:
         lines.append(f"  ... and there, switched on after those steps: {f['by_hand_benchmark_on_after_off_ms']:.1f} ms "
                      "(the convolutions keep the algorithms chosen first)")
     for name, what in (("engine_60", "60 steps"), ("engine_rung", "04's rung"), ("engine_long", "1,500 steps")):
-        band = noise.step_band(f[f"{name}_img_s"], f[f"{name}_median_ms"], f[f"{name}_p10_ms"], f[f"{name}_p90_ms"])
-        lines.append(f"  engine, {what:12s} median step {f[f'{name}_median_ms']:.1f} ms, {band.value:,.0f} img/s "
-                     f"(noise band ±{100 * band.spread:.0f}%)")
+        band = noise.of_steps(f[f"{name}_img_s"], f[f"{name}_median_ms"], f[f"{name}_p10_ms"], f[f"{name}_p90_ms"],
+                              f.get(f"{name}_steps", 0), None, f.get("batch"))
+        lines.append(f"  engine, {what:12s} median step {f[f'{name}_median_ms']:.1f} ms, {noise.shown(band)} img/s")
     lines += window_lines(f.get("engine_long_window_ms") or [], f.get("engine_long_new_epoch_windows"))
     if "engine_long_start_sm_clock_mhz" in f:
         lines.append(f"  its GPU: SM clock {f['engine_long_start_sm_clock_mhz']:.0f} -> "

@@ -188,7 +188,9 @@ def bench_optimized(sizes: Sizes, overrides: dict | None = None) -> dict:
                         window=sizes.bench_window)
         print(f"-- bench at configs/optimized.yaml, loader={loader}\n{r.summary()}", flush=True)
         figures[loader] = {"device": r.device, **{m: f.img_s for m, f in r.figures.items()},
-                           "full_over_synthetic": r.img_s("full") / r.img_s("synthetic"), "verdict": r.verdict}
+                           "full_over_synthetic": r.img_s("full") / r.img_s("synthetic"), "verdict": r.verdict,
+                           "windows": {m: f.window_img_s for m, f in r.figures.items()},  # to judge it again
+                           "waited": r.full_data_wait_fraction}
     return figures
 
 
@@ -249,6 +251,7 @@ def row(rung: Rung, cfg: TrainConfig, res: Result, wall_s: float) -> dict:
     mfu = res.mfu * img_s / res.throughput_img_s if res.mfu and res.throughput_img_s else res.mfu
     return {"rung": rung.name, "change": rung.change, "batch": cfg.batch_size, "steps": res.steps,
             "img_s": img_s, "step_ms": t["median"], "step_ms_p10": t["p10"], "step_ms_p90": t["p90"],
+            "step_ms_blocks": t.get("block_ms"),
             "data_wait_ms": res.data_wait_ms, "peak_mb": res.peak_memory_mb, "mfu": mfu, "compile_s": res.compile_time_s,
             "final_loss": res.final_loss, "loss": res.loss, "fp16_skipped_steps": res.fp16_skipped_steps,
             "device": res.device, "wall_s": wall_s, "skipped": None}
@@ -267,8 +270,10 @@ def add_speedups(rows: list[dict]) -> None:
 
 
 def figure(r: dict) -> noise.Figure:
-    """A measured row's img/s with the spread of its step times (noise.step_band), noise.FLOOR at least."""
-    return noise.step_band(r["img_s"], r["step_ms"], r["step_ms_p10"], r["step_ms_p90"])
+    """A measured row's img/s as an estimate of the mean, with its interval (noise.of_steps: from the mean step of
+    each block of steps, or from the p10/p90 steps of a record that kept only those)."""
+    return noise.of_steps(r["img_s"], r["step_ms"], r["step_ms_p10"], r["step_ms_p90"], r.get("steps") or 0,
+                          r.get("step_ms_blocks"), r.get("batch"))
 
 
 def compared_with(rows: list[dict]) -> dict[str, str]:
@@ -288,18 +293,19 @@ def compared_with(rows: list[dict]) -> dict[str, str]:
 
 
 def verdicts(rows: list[dict]) -> dict[str, str]:
-    """rung -> its img/s against the row it changes, with the verdict of noise.versus: 'x2.14, faster than
-    fp32' or 'x1.07, within noise of bf16' (the bands of their step times overlap)."""
+    """rung -> its img/s against the row it changes, by the rule of noise.compare: 'x2.14 (2.10-2.18), faster
+    than fp32' or 'x1.07 (0.98-1.17), within noise of bf16'."""
     return {rung: against(rows, rung, base) for rung, base in compared_with(rows).items()}
 
 
 def against(rows: list[dict], rung: str, base: str) -> str:
-    """The measured row `rung` against the measured row `base`: 'x2.62, faster than fp32', 'x1.09, within noise
-    of tf32' (noise.versus, the baseline named)."""
+    """The measured row `rung` against the measured row `base` (two runs: noise.compare with its floor):
+    'x2.62 (2.55-2.69), faster than fp32', 'x1.09 (0.97-1.22), not settled against tf32: 300 more steps would
+    decide'."""
     got = {r["rung"]: r for r in rows if not r["skipped"]}
-    text = noise.versus(figure(got[rung]), figure(got[base]))
-    return text.replace("within noise", f"within noise of {base}").replace("faster", f"faster than {base}") \
-        .replace("slower", f"slower than {base}")
+    r = noise.compare(figure(got[rung]), figure(got[base]))
+    said = {"higher": f"faster than {base}", "lower": f"slower than {base}", "equal": f"within noise of {base}"}
+    return f"{r}, {said.get(r.verdict) or r.words().replace('not settled', f'not settled against {base}')}"
 
 
 # ------------------------------------------------------------------------------------------------ as a batch job

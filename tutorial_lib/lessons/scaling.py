@@ -18,14 +18,15 @@ in bf16 at batch 1024 per GPU "scales" at hundreds of percent). No torch here: r
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 
+from . import noise
 from .. import jobs, trace_summary
 from ..config import TrainConfig, UserError
+from ..results import read_result
 from ..values import count
 
 KINDS = ("weak", "strong")
@@ -82,7 +83,7 @@ def as_dict(result) -> dict:
     if is_dataclass(result):
         return asdict(result)
     if isinstance(result, (str, os.PathLike)):
-        return json.loads((Path(result) / "result.json").read_text())
+        return read_result(Path(result) / "result.json", f"give the folder of a run that finished ({result})")
     return result
 
 
@@ -291,42 +292,43 @@ def race_target(history: list, after_s: float, val_size: int, window: int = 5, m
     return {"target": target, "rule": words, "best_early": max(early), "best_smoothed": best}
 
 
-# ---------------------------------------------------------------------------------------- noise
-NOISE_FLOOR = 0.05  # the workbook's noise rule (bands from the p10/p90 steps, never narrower than +-5%)
-
-
-def band(result, times: float = 1.0) -> tuple[float, float]:
-    """A run's img/s (x `times`: N x one GPU is the ideal) as the band its steps allow: from its p90 step to its
-    p10 step relative to the median, at least +-NOISE_FLOOR. Two figures differ only when their bands do not
-    overlap. (The rule of lessons/noise.py, where it lands: this function then calls noise.step_band.)"""
+# ---------------------------------------------------------------------------------------- the rule
+def figure(result, times: float = 1.0, bench: dict | None = None) -> noise.Figure:
+    """A run's img/s (x `times`: N x one GPU is the ideal) as an estimate of its mean (lessons/noise.py): from the
+    FULL windows of the bench that measured this run, where the record keeps it, else from its blocks of steps
+    (or its p10/p90 steps, noise.of_steps)."""
     r = as_dict(result)
-    value, s = r["throughput_img_s"] * times, r["step_time_ms"]
-    low = value * s["median"] / s["p90"] if s.get("p90") else value
-    high = value * s["median"] / s["p10"] if s.get("p10") else value
-    return min(low, value * (1 - NOISE_FLOOR)), max(high, value * (1 + NOISE_FLOOR))
-
-
-def judge(a: tuple[float, float], b: tuple[float, float]) -> str:
-    """'<', '≈' or '>': band a below, overlapping, or above band b."""
-    return "<" if a[1] < b[0] else ">" if a[0] > b[1] else "≈"
-
-
-def scaling_verdict(run, baseline, gpus: int) -> dict:
-    """A multi-GPU run against N x its one-GPU baseline (the ideal) and against one GPU, each by the noise rule:
-    the efficiency with its band (the run's band over the ideal's) and a verdict in words. An efficiency above 1
-    within the spread is noise, never superlinear scaling."""
-    run_band, one, ideal = band(run), band(baseline), band(baseline, gpus)
-    eff = (run_band[0] / ideal[1], run_band[1] / ideal[0])
-    vs_ideal, vs_one = judge(run_band, ideal), judge(run_band, one)
-    if vs_one == "<":
-        words = "slower than one GPU"
-    elif vs_ideal == "≈":
-        words = f"within noise of {gpus} x one GPU (the ideal)"
-    elif vs_ideal == ">":
-        words = f"above {gpus} x one GPU beyond the spread: a baseline slower than usual? measure both again"
+    full = (bench or {}).get("full")
+    if full and full.get("img_s_low"):
+        f = noise.of_range(full["img_s"], full["img_s_low"], full["img_s_high"], full.get("windows", 10))
+        if full.get("window_img_s"):
+            f = noise.of_windows(full["window_img_s"], full["img_s"])
     else:
-        words = f"faster than one GPU, below {gpus} x one GPU" if vs_one == ">" else "within noise of one GPU"
-    return {"efficiency_band": eff, "vs_ideal": vs_ideal, "vs_one": vs_one, "verdict": words}
+        s = r["step_time_ms"]
+        f = noise.of_steps(r["throughput_img_s"], s.get("median"), s.get("p10"), s.get("p90"),
+                           s.get("timed_steps", 0), s.get("block_ms"), r.get("global_batch"))
+    return noise.Figure(f.value * times, f.se, f.n, f.spread, f.unit)
+
+
+def scaling_verdict(run, baseline, gpus: int, run_bench: dict | None = None, base_bench: dict | None = None) -> dict:
+    """A multi-GPU run against N x its one-GPU baseline (the ideal) and against one GPU, each by the rule
+    (noise.compare, two runs): the efficiency with its interval and a verdict in words. An efficiency above 1
+    is never superlinear scaling: it says to measure both again."""
+    fig, one = figure(run, bench=run_bench), figure(baseline, bench=base_bench)
+    ideal = noise.Figure(one.value * gpus, one.se, one.n, None, one.unit)
+    r_ideal, r_one = noise.compare(fig, ideal), noise.compare(fig, one)
+    if r_one.verdict == "lower":
+        words = "slower than one GPU"
+    elif r_ideal.verdict == "equal":
+        words = f"within noise of {gpus} x one GPU (the ideal)"
+    elif r_ideal.verdict == "higher":
+        words = f"above {gpus} x one GPU: a baseline slower than usual? measure both again"
+    elif r_ideal.verdict == "lower":
+        words = f"below {gpus} x one GPU" + (", faster than one GPU" if r_one.verdict == "higher" else "")
+    else:
+        words = f"against {gpus} x one GPU {r_ideal.words()}"
+    return {"efficiency_band": (r_ideal.low, r_ideal.high), "vs_ideal": r_ideal.sign, "vs_one": r_one.sign,
+            "verdict": words}
 
 
 # ---------------------------------------------------------------------------------------- Slurm jobs
@@ -387,11 +389,9 @@ def ledger(folder: str | os.PathLike) -> list[dict]:
     rows = []
     for path in sorted(folder.rglob("result.json")):
         try:  # one damaged job (a truncated file) must not stop the collection of the others
-            r = json.loads(path.read_text())
-            if not isinstance(r, dict):
-                raise ValueError(f"a JSON {type(r).__name__}, not a result")
-        except (ValueError, OSError) as e:
-            print(f"skipped {path}: not a complete result.json ({str(e).splitlines()[0][:120]})")
+            r = read_result(path, "run that job again to collect it")
+        except UserError as e:
+            print(f"skipped {e}")
             continue
         r["run"] = str(path.parent.relative_to(folder))
         rows.append(r)

@@ -230,7 +230,10 @@ def scaling_rows(fig: dict) -> list[dict]:
             p = scaling.efficiency(run, base, "strong" if kind == "strong" else "weak")
         except UserError:  # another batch per GPU: not a weak point of the race's one-GPU run
             continue
-        out.append({"kind": kind, "point": p, "run": run, "base": base, **scaling.scaling_verdict(run, base, p.gpus)})
+        base_name = "weak_1" if base is one else "race_1"
+        benches = (fig["runs"][name].get("bench"), fig["runs"].get(base_name, {}).get("bench"))
+        out.append({"kind": kind, "point": p, "run": run, "base": base,
+                    **scaling.scaling_verdict(run, base, p.gpus, *benches)})
     return out
 
 
