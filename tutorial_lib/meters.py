@@ -32,6 +32,12 @@ def percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
+def block_means(times: list[float], block: int = 10) -> list[float]:
+    """The mean step (ms) of each whole block of `block` steps: the samples from which the uncertainty of the
+    mean step is judged (lessons/noise.py), where single steps are too correlated to count one by one."""
+    return [sum(times[i:i + block]) / block for i in range(0, len(times) - block + 1, block)]
+
+
 def timing_fields(clock: "StepClock", batch_size: int, env: distributed.DistEnv) -> dict:
     """The Result's timing figures. Throughput is the timed images over the timed time (after the warm-up),
     of the slowest rank: a job moves at its slowest rank's pace. Mean-based on purpose: N DataLoader workers
@@ -50,7 +56,7 @@ def timing_fields(clock: "StepClock", batch_size: int, env: distributed.DistEnv)
         throughput_img_s=batch_size * env.world_size * len(times) / totals[slowest] if times else nan,
         step_time_ms={"mean": 1000 * total / len(times) if times else nan, "median": median,
                       "p10": percentile(times, 0.1) if times else nan, "p90": percentile(times, 0.9) if times else nan,
-                      "timed_steps": len(times), "slowest_rank": slowest,
+                      "timed_steps": len(times), "block_ms": block_means(times), "slowest_rank": slowest,
                       "slowest_rank_median": max(distributed.all_gather(median, env)),
                       "slowest_rank_total_s": totals[slowest]},
         data_wait_ms=1000 * waited / len(waits) if waits else 0.0,

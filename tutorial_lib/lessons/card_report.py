@@ -37,7 +37,8 @@ class Card:
         figures = {m: asdict(f) for m, f in bench_result.figures.items()}
         recommended = {k: v for k, v in rec.items() if k != "config"}
         return cls(specs["name"], specs, probe["device"], torch.__version__, probe,
-                   {"figures": figures, "bound": bench_result.bound, "verdict": _bound_only(bench_result.verdict)},
+                   {"figures": figures, "bound": bench_result.bound, "verdict": _bound_only(bench_result.verdict),
+                    "waited": bench_result.full_data_wait_fraction},
                    rows, ladder.verdicts(rows), recommended, memory, ddp, job, wall_s)
 
     # ------------------------------------------------------------------------------------ the page
@@ -47,7 +48,8 @@ class Card:
         f = {m: _measurement(fig) for m, fig in self.bench["figures"].items()}
         if "io" not in f or "synthetic" not in f:
             return self.bench["verdict"] or "-"
-        return _bound_only(bench.verdict(f, TrainConfig(), self.probe.get("device_type", "cuda"))[1])
+        return _bound_only(bench.verdict(f, TrainConfig(), self.probe.get("device_type", "cuda"),
+                                         self.bench.get("waited"))[1])
 
     def summary_rows(self) -> list[tuple[str, str]]:
         p, rec, r = self.probe, self.recommended, self.recommended["row"]
@@ -92,8 +94,8 @@ class Card:
         line = f"{rec['rung']}: {changes} -> {r['img_s']:,.1f} samples/s, x{r['speedup']:.2f} fp32{mfu}"
         if rec["fastest"] != rec["rung"]:
             best = next(x for x in self.rows if x["rung"] == rec["fastest"])
-            line += (f" (within noise of the fastest, {rec['fastest']}: its band {_range(ladder.figure(best))} "
-                     f"overlaps this one's {_range(ladder.figure(r))} samples/s)")
+            said = noise.compare(ladder.figure(r), ladder.figure(best))
+            line += f" (against the fastest, {rec['fastest']}: {said}, {said.words()})"
         kept = self.kept_without_gain()
         if kept:
             line += ("; the rungs stack, so it carries its change and every change below it, among them these, which "
@@ -103,7 +105,7 @@ class Card:
 
     def kept_without_gain(self) -> list[str]:
         """The measured rungs up to the recommended one (their changes stack in it) that were not faster than the row
-        they change beyond noise (noise.relation)."""
+        they change by the rule (noise.relation)."""
         rows, upto = [x for x in self.rows if not x["skipped"]], self.recommended["rung"]
         rows = rows[:[x["rung"] for x in rows].index(upto) + 1]
         base = ladder.compared_with(self.rows)
@@ -149,9 +151,9 @@ class Card:
         head = f"## Card: {self.name} on {self.device} (torch {self.torch_version})"
         rows = ["| | |", "|---|---|"] + [f"| {k} | {str(v).replace('|', '/')} |" for k, v in self.summary_rows()]
         note = (f"Each rung is one change on top of the last rung that ran, and keeps every change below it. A rung's "
-                f"band runs from its p90 to its p10 step time (IO / SYNTHETIC / FULL: the slowest to the fastest "
-                f"window), widened to at least ±{100 * noise.FLOOR:.0f}%; two figures are within noise when their bands "
-                f"overlap. Recommended is the earliest rung within noise of the fastest. Measured in {self.wall_s:.0f} s"
+                f"figure is the mean of its steps, ± the 95% interval of that mean; two figures differ when the interval "
+                f"of their ratio excludes 1 and, between two runs, by more than {100 * noise.FLOOR:.0f}%. Recommended is "
+                f"the earliest rung not slower than the fastest. Measured in {self.wall_s:.0f} s"
                 + self.phases() + ".")
         return "\n".join([head, "", *rows, "", self.rung_table(), "", note, "", self.peaks_note()])
 
@@ -221,7 +223,8 @@ def one_process_line(alone: dict, changes: dict | None = None) -> str:
     if alone.get("why"):
         return alone["why"] + "; the prediction below leaves DDP's own cost out"
     r = alone["row"]
-    words = {"<": "slower beyond noise", "≈": "within noise", ">": "faster beyond noise: the prediction counts it as no cost"}[alone["relation"]]
+    words = {"<": "slower", "≈": "within noise", ">": "faster: the prediction counts it as no cost",
+             "?": "not settled"}[alone["relation"]]
     return (f"x{alone['factor']:.2f} of the recommendation ({words}): {r['img_s']:,.1f} samples/s, step "
             f"{alone['step_ms']:.2f} ms; what {ddp_work(changes or {})} every rank before any byte travels to another")
 
@@ -248,23 +251,17 @@ def _bound_only(verdict: str | None) -> str | None:
     """The bench's verdict without its generic advice (the rungs of the card measure each change instead)."""
     if not verdict:
         return None
-    bound = verdict.replace("img/s", "samples/s").split(" — ")[0]
-    return bound + " — the rungs below measure what each change buys" if " — " in verdict else bound
+    bound = verdict.replace("img/s", "samples/s").split("\n")[0].split(" — ")[0]
+    return bound + "; the rungs below measure what each change buys" if "\n" in verdict or " — " in verdict else bound
 
 
 def _band(m: dict) -> str:
-    """A bench figure as the bench's verdict prints it (slowest to fastest window, noise.FLOOR at least)."""
-    return noise.shown(noise.Figure.of(m["img_s"], m["img_s_low"], m["img_s_high"]), "windows", bench.spec(m["img_s"]))
+    """A bench figure with the 95% interval of its mean, as the bench prints it (bench.figure: its windows)."""
+    return noise.shown(bench.figure(_measurement(m)), bench.spec(m["img_s"]))
 
 
 def _measurement(m: dict) -> bench.Measurement:
     return bench.Measurement(**{"per_rank_img_s": [], **m})
-
-
-def _range(f: noise.Figure) -> str:
-    """'3,026-3,392'; a figure below 100 with a decimal ('4.1-8.5')."""
-    spec = ".1f" if f.low < 100 else ",.0f"
-    return f"{f.low:{spec}}-{f.high:{spec}}"
 
 
 def _mb(nbytes: float) -> str:

@@ -29,7 +29,8 @@ from pathlib import Path
 from .. import reference
 from ..config import UserError
 from ..values import count
-from .scaling import band, judge  # the one noise rule
+from . import noise  # the one rule that says whether two figures differ
+from .scaling import figure as band  # a run's img/s as an estimate of its mean, with its interval
 from .size import Size
 
 
@@ -223,8 +224,9 @@ def compare(old: dict, new: dict) -> list[dict]:
         elif (a, ba) == (b, bb):
             verdict = KEPT
         else:
-            verdict = {"≈": "within the run-to-run spread", "<": "faster now, beyond the spread",
-                       ">": "slower now, beyond the spread"}[judge(ba, bb)]
+            r = noise.compare(bb, ba)
+            verdict = {"equal": "within the run-to-run spread", "higher": "faster now",
+                       "lower": "slower now"}.get(r.verdict) or r.words()
         rows.append({"case": name, "before": a, "before_band": ba, "now": b, "now_band": bb, "ratio": b / a,
                      "verdict": verdict})
     return rows
@@ -236,9 +238,9 @@ def comparison_lines(old: dict, new: dict) -> list[str]:
     if (old.get("card"), old.get("gpus")) != (new.get("card"), new.get("gpus")):
         out.append("another card or GPU count: not a rerun of the same node, so differences are not noise alone")
     rows = compare(old, new)
-    out += ["| case | before img/s (band) | now img/s (band) | now / before | verdict |", "| --- | ---: | ---: | ---: | --- |"]
-    out += [f"| {r['case']} | {r['before']:,.0f} ({r['before_band'][0]:,.0f}-{r['before_band'][1]:,.0f}) | {r['now']:,.0f} "
-            f"({r['now_band'][0]:,.0f}-{r['now_band'][1]:,.0f}) | {r['ratio']:.3f} | {r['verdict']} |" for r in rows]
+    out += ["| case | before img/s | now img/s | now / before | verdict |", "| --- | ---: | ---: | ---: | --- |"]
+    out += [f"| {r['case']} | {noise.shown(r['before_band'])} | {noise.shown(r['now_band'])} | "
+            f"{noise.compare(r['now_band'], r['before_band'])} | {r['verdict']} |" for r in rows]
     kept = sum(r["verdict"] == KEPT for r in rows)
     same = sum(r["verdict"] == "within the run-to-run spread" for r in rows)
     if not rows:
