@@ -509,3 +509,14 @@ def test_fragmentation_names_expandable_segments(monkeypatch):
     line = oom.message(RuntimeError("CUDA out of memory."), torch.device("cuda"), 512, "bf16")
     assert "30,720 MiB were reserved but unallocated" in line and "expandable_segments:True" in line
     assert "precision=bf16" not in line and "batch_size=256" in line  # bf16 already: not offered
+
+
+def test_warmup_0_is_taken_and_a_window_of_0_is_refused(tmp_path):
+    """The card refused warmup=0 saying >= 0 is allowed, and ran window=0 as windows of 1 without a word."""
+    opts, _ = card_module.split_overrides({"warmup": "0", "window": "1"})
+    assert card_module.sized(tl.lessons.size.current(True), opts).warmup == 0
+    for key, bad in (("window", "0"), ("steps", "0"), ("warmup", "-1"), ("job_steps", "x")):
+        with pytest.raises(UserError) as e:
+            card_module.split_overrides({key: bad})
+        assert str(e.value).startswith(f"{key}={bad!r}: ") and f"give {key}={int(key == 'warmup') ^ 1} or more" in \
+            str(e.value) and "\n" not in str(e.value)

@@ -116,8 +116,10 @@ def split_overrides(overrides: dict) -> tuple[dict, TrainConfig]:
     if "compile_on_cpu" in opts:
         opts["compile_on_cpu"] = load(None, {"compile": opts["compile_on_cpu"]}).compile  # true/false as TrainConfig reads
     for key in ("steps", "window", "warmup", "job_steps"):
-        if key in opts and not (str(opts[key]).isdigit() and int(opts[key]) > (key == "warmup") - 1):
-            raise UserError(f"{key}={opts[key]!r} must be a whole number{' >= 0' if key == 'warmup' else ' > 0'}")
+        least = 0 if key == "warmup" else 1  # warmup=0 times every step; a window of 0 steps times nothing
+        if key in opts and not (str(opts[key]).strip().isdigit() and int(opts[key]) >= least):
+            raise UserError(f"{key}={opts[key]!r}: the {CARD_KEYS[key]} must be a whole number >= {least}; give "
+                            f"{key}={least} or more")
     return opts, cfg
 
 
