@@ -103,7 +103,8 @@ def test_a_job_exports_the_sites_cache_and_binds_as_the_site_says(tmp_path):
     text = jobs.render("demo", cfg, site=site, gpus_per_node=2, mode="srun")
     assert "--cpu-bind=cores --gpu-bind=closest --kill-on-bad-exit=1" in text and "numa_binding" not in text
     text = jobs.render("demo", cfg, site="generic", gpus_per_node=2, nodes=2)  # the default: torchrun's, no srun's
-    assert "--nproc_per_node=2 ${numa_binding[@]+" in text and "--cpu-bind" not in text and "--gpu-bind" not in text
+    assert '--rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" \\\n        ${numa_binding[@]+"${numa_binding[@]}"} "${program[@]}"' \
+        in text and "--cpu-bind" not in text and "--gpu-bind" not in text  # the binding's words just before the program
     assert "WORKBOOK_COMPILE_CACHE" not in text
 
 
@@ -111,11 +112,13 @@ def test_torchruns_binding_is_off_with_the_reason_where_the_node_cant_bind(monke
     from tutorial_lib import numa
 
     monkeypatch.setattr(numa.shutil, "which", lambda name: None)
-    assert numa.torchrun_binding("node") == (None, "no numactl on this node: torchrun binds through it (ask your "
-                                                   "admins to install it)")
-    monkeypatch.setattr(numa.shutil, "which", lambda name: f"/usr/bin/{name}")
     import torch
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    flag, why = numa.torchrun_binding("node")  # neither torch's binding (no numactl) nor the workbook's (no topology)
+    assert flag is None and "no numactl on this node" in why and "GPU 0 is not in this node's topology" in why
+    monkeypatch.setattr(numa.shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert numa.main(["--torchrun-flag", "node"]) == 1
     out, err = capsys.readouterr()

@@ -156,3 +156,108 @@ def test_torchrun_command_runs_each_rank_through_the_binder(tmp_path):
     said = p.stdout + p.stderr
     assert "rank 0: GPU 0, CPUs 0 (NUMA node 0)" in said and "rank 1: GPU 1, CPUs 1 (NUMA node 1)" in said, said
     assert json.loads((tmp_path / "run" / "result.json").read_text())["world_size"] == 2
+
+
+# ---------------------------------------------------------------------------------------- a job's binding decision
+def node_with_gpus(tmp_path, monkeypatch, gpus=2):
+    """This process on a node of `gpus` visible GPUs (torch.cuda says so), with numactl (a stub that runs its
+    command) and fake_nvidia_smi's two-NUMA-node topology first on PATH, free to run on CPUs 0 and 1."""
+    import torch
+
+    env = fake_nvidia_smi(tmp_path, TWO_NODES)
+    numactl = tmp_path / "numactl"
+    numactl.write_text('#!/bin/sh\nshift\nexec "$@"\n')
+    numactl.chmod(0o755)
+    monkeypatch.setenv("PATH", env["PATH"])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+
+
+def test_the_installed_torchs_binder_is_called_with_the_keyword_its_signature_has(tmp_path, monkeypatch):
+    """The decision against the installed torch: its private binder's real signature and validation (numactl on
+    PATH), only the part that reads the GPU's NUMA node replaced (there is no GPU here): GPU n -> CPU 4n."""
+    import inspect
+
+    binding = pytest.importorskip("torch.numa.binding")
+    node_with_gpus(tmp_path, monkeypatch)
+    keyword = next(k for k in inspect.signature(binding._get_validated_logical_cpus_to_bind_to).parameters
+                   if k != "numa_options")
+    monkeypatch.setattr(binding, "_get_logical_cpus_to_bind_to", lambda numa_options, **gpu: {4 * gpu[keyword]})
+    words, why = numa.torchrun_binding("node")
+    assert words == ["--numa-binding=node"], why
+    assert f"_get_validated_logical_cpus_to_bind_to({keyword}=...)" in why
+    assert why.endswith(": local rank 0 on CPUs 0; local rank 1 on CPUs 4")
+
+
+def test_torch_2_13s_keyword_is_picked_from_the_signature(tmp_path, monkeypatch):
+    binding = pytest.importorskip("torch.numa.binding")
+    node_with_gpus(tmp_path, monkeypatch)
+    called = []
+
+    def older(*, gpu_index, numa_options):  # torch 2.13.0's signature
+        called.append((gpu_index, numa_options.affinity_mode.value))
+        return {gpu_index + 10}
+
+    monkeypatch.setattr(binding, "_get_validated_logical_cpus_to_bind_to", older)
+    words, why = numa.torchrun_binding("exclusive")
+    assert words == ["--numa-binding=exclusive"] and called == [(0, "exclusive"), (1, "exclusive")]
+    assert "(gpu_index=...)" in why and "local rank 0 on CPUs 10; local rank 1 on CPUs 11" in why
+
+
+def test_a_renamed_keyword_falls_back_to_the_workbooks_binder_and_says_so(tmp_path, monkeypatch, capsys):
+    """A torch whose private binder takes a keyword this module does not know: it is never called (the call would
+    raise), each rank runs through --exec-bound instead, and the job's line names the signature and each rank's
+    CPUs (fake_nvidia_smi: GPU 0 near CPU 0, GPU 1 near CPU 1)."""
+    binding = pytest.importorskip("torch.numa.binding")
+    node_with_gpus(tmp_path, monkeypatch)
+
+    def renamed(*, accelerator_index, numa_options):
+        raise AssertionError("a signature not checked was called")
+
+    monkeypatch.setattr(binding, "_get_validated_logical_cpus_to_bind_to", renamed)
+    assert numa.main(["--torchrun-flag", "node"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["--no-python", sys.executable, "-m", "tutorial_lib.numa", "--exec-bound", sys.executable]
+    assert err.startswith("CPU binding: the workbook's binder (python -m tutorial_lib.numa --exec-bound) (torchrun "
+                          "can't: torch ") and err.count("\n") == 1
+    assert "_get_validated_logical_cpus_to_bind_to(accelerator_index, numa_options) is not a signature" in err
+    assert err.endswith(": local rank 0 on CPUs 0; local rank 1 on CPUs 1\n")
+    assert numa.main(["--torchrun-flag", "exclusive", "--no-python"]) == 0  # a program that is not python's arguments
+    assert capsys.readouterr().out.splitlines()[-2:] == ["--exec-bound", "--exclusive"]
+    assert numa.main(["--torchrun-flag", "socket"]) == 1  # the workbook's binder has no socket mode: unbound, said
+    assert "CPU binding: off: torchrun can't bind (torch " in capsys.readouterr().err
+    assert numa.main(["--torchrun-flag", "node", "--python"]) == 2
+
+
+@pytest.mark.parametrize("signature", ["*, device_index, numa_options", "gpu_index, /, numa_options",
+                                       "*, gpu_index, numa_options, node", "*, numa_options, **kw"])
+def test_only_a_known_signature_is_called(signature):
+    import types
+
+    namespace = {}
+    exec(f"def private({signature}): return {{0}}", namespace)
+    binding = types.SimpleNamespace(_get_validated_logical_cpus_to_bind_to=namespace["private"], NumaOptions=object,
+                                    AffinityMode=object)
+    cpus, how = numa.torch_binder(binding)
+    assert (cpus is not None) == signature.startswith("*, device_index"), how
+    assert numa.torch_binder(types.SimpleNamespace())[1] == "its torch.numa.binding has no " \
+        "_get_validated_logical_cpus_to_bind_to"
+
+
+def test_the_jobs_binding_words_reach_torchrun_one_a_line(tmp_path):
+    """The job's CPU binding block, as rendered, run by bash with a `python` that answers as the decision does: each
+    line one word of the array torchrun gets, a word with a space kept whole."""
+    from tutorial_lib import jobs
+
+    text = jobs.render("demo", command="./train.sh", site="generic", gpus_per_node=2)
+    block = text[text.index("numa_binding=()"):text.index("fi\n", text.index("numa_binding=()")) + 3]
+    assert "--torchrun-flag node --no-python); then" in block
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho "$*" > "$(dirname "$0")/asked"\nprintf -- "--no-python\\n/opt/my env/python\\n"\n')
+    fake.chmod(0o755)
+    p = subprocess.run(["bash", "-c", block + 'printf "<%s>" "${numa_binding[@]}"'], capture_output=True, text=True,
+                       env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}, timeout=30)
+    assert p.stdout == "<--no-python></opt/my env/python>", p.stderr
+    assert (tmp_path / "asked").read_text() == "-m tutorial_lib.numa --torchrun-flag node --no-python\n"

@@ -5,14 +5,16 @@ process runs on CPUs far from its GPU, or on every CPU of a node with several NU
 pipeline and the kernel launches then cross the socket link, and throughput drops with no error.
 
 No torch at import: the facts come from text (nvidia-smi's, /sys's), so the tests read them from fixtures.
-A job asks `python -m tutorial_lib.numa --torchrun-flag node` on its node whether its torchrun may bind each rank
-there (`torchrun_binding`: torch's own binding, tried for every GPU; the job's template prints the answer).
-Where torchrun can't bind (no numactl, an older torch), `torchrun --no-python ... python -m tutorial_lib.numa
---exec-bound python -m tutorial_lib train ...` binds each rank by hand (`bind_to_gpu`): the bound-against-unbound
-measurement on a GPU node uses it.
+A job asks `python -m tutorial_lib.numa --torchrun-flag node` on its node how its torchrun binds each rank there
+(`torchrun_binding`), and the line it prints says which CPUs each local rank gets: torch's own binding
+(`--numa-binding`) where torch's private binder has a signature this module knows and numactl is there; else the
+workbook's binder (`bind_to_gpu`), each rank run through `python -m tutorial_lib.numa --exec-bound` by torchrun
+--no-python (it needs no numactl); else unbound, with the reason. The bound-against-unbound measurement on a GPU
+node uses the workbook's binder too.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import shutil
@@ -150,20 +152,29 @@ def check_numa(ctx):
     return Check("numa", *verdict(places, mine, my_gpu()))
 
 
-def bind_to_gpu(environ=os.environ, timeout: float = 30, exclusive: bool = False) -> str:
-    """Pin this process to the CPUs near its GPU (its LOCAL_RANK's, as my_gpu finds it), among those it may use: a
-    binding by hand that needs no numactl (`python -m tutorial_lib.numa --exec-bound [--exclusive] CMD ...`, which
-    then runs CMD, bound: the affinity passes on). `exclusive`: only this rank's share of those CPUs (share), as
-    torchrun's --numa-binding=exclusive gives each rank. One line saying what it did."""
-    gpu, places = my_gpu(environ), gpu_places(timeout)
-    place = next((p for p in places if p.gpu == gpu), None)
-    if place is None or not place.cpus:
-        return f"off: GPU {gpu} is not in this node's topology (nvidia-smi topo -m)"
-    cpus = place.cpus & frozenset(os.sched_getaffinity(0))
+def rank_cpus(environ, places: list[GpuPlace], mine: frozenset, exclusive: bool = False):
+    """(GPU, its place or None, CPUs) for the rank of `environ` (its LOCAL_RANK's GPU, as my_gpu finds it): the CPUs
+    near its GPU among `mine` (those it may use); `exclusive`: only its share of them (share). No CPUs: none fit."""
+    gpu = my_gpu(environ)
+    place = next((p for p in places if p.gpu == gpu and p.cpus), None)
+    if place is None:
+        return gpu, None, frozenset()
+    cpus = place.cpus & mine
     if exclusive:
         ranks = int(environ.get("LOCAL_WORLD_SIZE") or 1)
         used = [my_gpu({**environ, "LOCAL_RANK": str(i)}) for i in range(ranks)]
         cpus = share(cpus, [g for g in used if any(p.gpu == g and p.numa_node == place.numa_node for p in places)], gpu)
+    return gpu, place, cpus
+
+
+def bind_to_gpu(environ=os.environ, timeout: float = 30, exclusive: bool = False) -> str:
+    """Pin this process to the CPUs near its GPU (rank_cpus), among those it may use: a binding by hand that needs
+    no numactl (`python -m tutorial_lib.numa --exec-bound [--exclusive] CMD ...`, which then runs CMD, bound: the
+    affinity passes on). `exclusive`: only this rank's share of those CPUs, as torchrun's --numa-binding=exclusive
+    gives each rank. One line saying what it did."""
+    gpu, place, cpus = rank_cpus(environ, gpu_places(timeout), frozenset(os.sched_getaffinity(0)), exclusive)
+    if place is None:
+        return f"off: GPU {gpu} is not in this node's topology (nvidia-smi topo -m)"
     if not cpus:
         return f"off: none of this process's CPUs is near GPU {gpu} (NUMA node {place.numa_node})"
     os.sched_setaffinity(0, cpus)
@@ -193,43 +204,115 @@ def _ranges(cpus) -> str:
     return ",".join(out) or "none"
 
 
-def torchrun_binding(mode: str) -> tuple[str | None, str]:
-    """(torchrun's `--numa-binding=MODE`, or None, and why): whether a job's torchrun may bind each rank on this node.
-    Off where this torchrun lacks the option (torch < 2.9), numactl is missing (torchrun binds through it), no GPU is
-    visible, or torch's binding fails for a GPU (e.g. its NUMA node holds none of the job's CPUs): torchrun would
-    stop that rank, so the job runs unbound instead and its log says why."""
-    import torch  # a job's one question, on its node
+PRIVATE = "_get_validated_logical_cpus_to_bind_to"  # what torchrun runs for each rank (torch.numa.binding)
+DEVICE_KEYWORDS = ("device_index", "gpu_index")  # its GPU's keyword: torch 2.14's, 2.13's (older: other names)
+
+
+def torch_binder(binding):
+    """torch's private PRIVATE as `cpus(gpu, options)`, and how it is called; or None and why, when its signature is
+    not one this module knows (checked, never assumed: torch renames its keywords between releases)."""
+    private = getattr(binding, PRIVATE, None)
+    if private is None or not hasattr(binding, "NumaOptions") or not hasattr(binding, "AffinityMode"):
+        return None, f"its torch.numa.binding has no {PRIVATE}"
+    try:
+        params = inspect.signature(private).parameters
+    except (TypeError, ValueError):
+        return None, f"the signature of its {PRIVATE} can't be read"
+    keyword = next((k for k in DEVICE_KEYWORDS if k in params), None)
+    needed = {n for n, p in params.items() if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    usable = keyword and "numa_options" in params and needed <= {keyword, "numa_options"} and all(
+        params[k].kind in (params[k].KEYWORD_ONLY, params[k].POSITIONAL_OR_KEYWORD) for k in (keyword, "numa_options"))
+    if not usable:
+        return None, (f"its {PRIVATE}({', '.join(params)}) is not a signature this workbook knows (one of "
+                      f"{', '.join(DEVICE_KEYWORDS)}, and numa_options)")
+    return (lambda gpu, options: private(**{keyword: gpu, "numa_options": options})), f"{PRIVATE}({keyword}=...)"
+
+
+def torch_plan(mode: str, gpus: int):
+    """{local rank: CPUs} as torchrun's --numa-binding=MODE binds them on this node, and how that was found; or None
+    and why torchrun can't bind: no such option (torch < 2.9), a private binder of unknown signature, no numactl
+    (torchrun binds through it), or torch's binding fails for a GPU (torchrun would then stop that rank)."""
+    import torch
 
     try:
         from torch.distributed.run import get_args_parser
         from torch.numa import binding
     except ImportError:
         binding = None
+    version = torch.__version__
     if binding is None or "--numa-binding" not in get_args_parser().format_help():
-        return None, f"torch {torch.__version__}'s torchrun has no --numa-binding (torch 2.9 or newer has it)"
+        return None, f"torch {version}'s torchrun has no --numa-binding (torch 2.9 or newer has it)"
+    cpus, how = torch_binder(binding)
+    if cpus is None:
+        return None, f"torch {version}: {how}"
     if shutil.which("numactl") is None:
         return None, "no numactl on this node: torchrun binds through it (ask your admins to install it)"
+    options, plan = binding.NumaOptions(affinity_mode=binding.AffinityMode(mode)), {}
+    for gpu in range(gpus):
+        try:  # the call's signature is checked above: what fails here fails inside torch's binding
+            plan[gpu] = frozenset(cpus(gpu, options))
+        except Exception as e:  # noqa: BLE001 -- any failure here would stop that rank under torchrun
+            return None, f"torch {version}'s {mode} binding fails for GPU {gpu} ({type(e).__name__}: {e})"
+    return plan, f"torch {version}'s {how}"
+
+
+def own_plan(mode: str, gpus: int, environ=os.environ, timeout: float = 30):
+    """{local rank: CPUs} as the workbook's binder (rank_cpus, from nvidia-smi topo -m or /sys) binds them on this
+    node, or None and why it can't."""
+    if mode not in ("node", "exclusive"):
+        return None, f"it binds to a NUMA node or a share of one (node, exclusive), not {mode}"
+    places, mine, plan = gpu_places(timeout), frozenset(os.sched_getaffinity(0)), {}
+    for rank in range(gpus):
+        gpu, place, cpus = rank_cpus({**environ, "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(gpus)}, places,
+                                     mine, mode == "exclusive")
+        if not cpus:
+            return None, (f"GPU {gpu} is not in this node's topology (nvidia-smi topo -m)" if place is None else
+                          f"none of the job's CPUs is near GPU {gpu} (NUMA node {place.numa_node})")
+        plan[rank] = cpus
+    return plan, "the workbook's binder (python -m tutorial_lib.numa --exec-bound)"
+
+
+def plan_text(plan: dict) -> str:
+    """{0: {0, 1}, 1: {0, 1}, 2: {4}} -> 'local ranks 0-1 on CPUs 0-1; local rank 2 on CPUs 4'."""
+    ranks: dict = {}
+    for rank, cpus in sorted(plan.items()):
+        ranks.setdefault(frozenset(cpus), []).append(rank)
+    return "; ".join(f"local rank{'s' * (len(r) > 1)} {_ranges(r)} on CPUs {_ranges(c)}" for c, r in ranks.items())
+
+
+def torchrun_binding(mode: str, python: bool = True) -> tuple[list | None, str]:
+    """(the words torchrun takes before the program to bind each rank on this node, or None, and the log's line).
+    torch's own binding where torch_plan finds it usable, else the workbook's (torchrun --no-python runs each rank
+    through --exec-bound; `python`: the program is python's arguments, so python follows), else None: the job then
+    runs unbound and its log says why."""
+    import torch  # a job's one question, on its node
+
     if not torch.cuda.is_available():
         return None, "no GPU visible here: nothing to bind to"
-    options = binding.NumaOptions(affinity_mode=binding.AffinityMode(mode))
-    for gpu in range(torch.cuda.device_count()):
-        try:  # what torchrun itself runs for the rank of this GPU (a private function: checked, not assumed)
-            binding._get_validated_logical_cpus_to_bind_to(device_index=gpu, numa_options=options)
-        except Exception as e:  # noqa: BLE001 -- any failure here would stop that rank under torchrun
-            return None, f"torch's {mode} binding fails for GPU {gpu} ({type(e).__name__}: {e})"
-    return f"--numa-binding={mode}", f"each rank on the CPUs of its GPU's NUMA node (--numa-binding={mode})"
+    gpus = torch.cuda.device_count()
+    plan, how = torch_plan(mode, gpus)
+    if plan is not None:
+        return [f"--numa-binding={mode}"], f"torchrun --numa-binding={mode}, by {how}: {plan_text(plan)}"
+    ours, why_not = own_plan(mode, gpus)
+    if ours is None:
+        return None, f"torchrun can't bind ({how}), nor the workbook's binder ({why_not})"
+    words = ["--no-python", sys.executable, "-m", "tutorial_lib.numa", "--exec-bound"]
+    words += (["--exclusive"] if mode == "exclusive" else []) + ([sys.executable] if python else [])
+    return words, f"{why_not} (torchrun can't: {how}): {plan_text(ours)}"
 
 
-USAGE = ("usage: python -m tutorial_lib.numa --torchrun-flag node|socket|exclusive|core-complex\n"
+USAGE = ("usage: python -m tutorial_lib.numa --torchrun-flag node|socket|exclusive|core-complex [--no-python]\n"
          "       python -m tutorial_lib.numa --exec-bound [--exclusive] COMMAND [ARG ...]\n"
          "       python -m tutorial_lib.numa --places")
+MODES = ("node", "socket", "exclusive", "core-complex")
 
 
 def main(argv: list[str]) -> int:
-    """`python -m tutorial_lib.numa --torchrun-flag MODE` (a job's line): the flag on stdout and exit 0, or exit 1;
-    either way one line on stderr for the log, saying what was decided and why. `--places`: gpu_places as JSON.
-    `--exec-bound [--exclusive] COMMAND ...`: this process bound to its GPU's CPUs (bind_to_gpu; --exclusive: its
-    rank's share of them), then COMMAND in its place (torchrun --no-python starts it)."""
+    """`python -m tutorial_lib.numa --torchrun-flag MODE [--no-python]` (a job's line): torchrun's binding words on
+    stdout, one a line, and exit 0, or exit 1 (--no-python: the job's program is not python's arguments); either
+    way one line on stderr for the log, saying which CPUs each local rank gets, or why none is bound.
+    `--places`: gpu_places as JSON. `--exec-bound [--exclusive] COMMAND ...`: this process bound to its GPU's CPUs
+    (bind_to_gpu; --exclusive: its rank's share of them), then COMMAND in its place (torchrun --no-python starts it)."""
     if argv == ["--places"]:  # each GPU's NUMA node and nearby CPUs, as JSON (the study `cluster` records them)
         import json
 
@@ -243,14 +326,15 @@ def main(argv: list[str]) -> int:
             return 2
         print(f"CPU binding: {bind_to_gpu(exclusive=exclusive)}", file=sys.stderr, flush=True)
         os.execvp(command[0], command)
-    if len(argv) != 2 or argv[0] != "--torchrun-flag" or argv[1] not in ("node", "socket", "exclusive", "core-complex"):
+    python = argv[2:] != ["--no-python"]
+    if len(argv) < 2 or argv[0] != "--torchrun-flag" or argv[1] not in MODES or argv[2:] not in ([], ["--no-python"]):
         print(USAGE, file=sys.stderr)
         return 2
-    flag, why = torchrun_binding(argv[1])
-    print(f"CPU binding: {'torchrun ' + flag if flag else 'off'}: {why}", file=sys.stderr)
-    if flag:
-        print(flag)
-    return 0 if flag else 1
+    words, why = torchrun_binding(argv[1], python)
+    print(f"CPU binding: {why if words else 'off: ' + why}", file=sys.stderr)
+    if words:
+        print("\n".join(words))
+    return 0 if words else 1
 
 
 if __name__ == "__main__":
