@@ -45,6 +45,7 @@ def test_json_holds_every_check_and_the_exit_code_says_fail(tmp_path, faults, co
         assert by["gpus"]["status"] == "WARN" and "no GPU visible" in by["gpus"]["message"]
         assert {by[n]["status"] for n in ("driver", "bf16", "nccl")} == {"SKIP"}
     assert report["ok"] is (code == 0)
+    assert report["collect_env"]["fields"]["torch_version"] and "PyTorch version:" in report["collect_env"]["text"]
     if faults:
         assert by["datasets"]["status"] == "FAIL" and "cifar10 missing" in by["datasets"]["message"]
         assert report["counts"]["FAIL"] == 2
@@ -57,6 +58,24 @@ def test_table_has_one_line_per_check_and_a_fix_below_each_problem():
     assert lines[1] == "FAIL  bb  broken"
     assert lines[2].split() == ["fix:", "do", "this"]
     assert lines[3] == "1 PASS, 1 FAIL: NOT ready (fix the FAIL lines)"
+
+
+def test_torchs_collect_env_report_comes_in_the_json_only(monkeypatch, capsys):
+    """torch.utils.collect_env takes seconds: --json carries it, the table (the default) never waits for it."""
+    import torch
+
+    asked = []
+    monkeypatch.setattr(doctor, "run", lambda options, show, **kw: doctor.Report([doctor.Check("a", "PASS", "ok")]))
+    monkeypatch.setattr(doctor, "collect_env", lambda timeout: asked.append(timeout) or {"fields": {}, "text": "t"})
+    assert doctor.cli([]) == 0 and asked == [] and "collect_env" not in capsys.readouterr().out
+    assert doctor.cli(["--json", "--timeout", "5"]) == 0 and asked == [120]
+    assert json.loads(capsys.readouterr().out)["collect_env"] == {"fields": {}, "text": "t"}
+    monkeypatch.undo()
+    got = doctor.collect_env(timeout=240)  # the real report, from a subprocess
+    assert got["fields"]["torch_version"] == torch.__version__, got
+    assert f"PyTorch version: {torch.__version__}" in got["text"]
+    monkeypatch.setattr(doctor, "COLLECT_ENV", "import sys; sys.exit('No module named torch')")
+    assert doctor.collect_env(timeout=60) == {"error": "torch.utils.collect_env failed (exit 1): No module named torch"}
 
 
 def test_bad_site_is_an_error_not_a_check():

@@ -63,6 +63,7 @@ class Report:
     checks: list[Check]
     host: str = field(default_factory=socket.gethostname)
     torch: dict = field(default_factory=dict)  # what the torch probe found (version, GPUs), when it ran
+    collect_env: dict | None = None  # torch's own environment report (--json only: collect_env below)
 
     @property
     def ok(self) -> bool:
@@ -84,7 +85,28 @@ class Report:
 
     def to_json(self) -> str:
         return json.dumps({"host": self.host, "ok": self.ok, "counts": self.counts(),
-                           "checks": [asdict(c) for c in self.checks]}, indent=1)
+                           "checks": [asdict(c) for c in self.checks],
+                           **({"collect_env": self.collect_env} if self.collect_env is not None else {})}, indent=1)
+
+
+COLLECT_ENV = ("import json; from torch.utils import collect_env as c; info = c.get_env_info(); "
+               "print(json.dumps({'fields': info._asdict(), 'text': c.pretty_str(info)}))")
+
+
+def collect_env(timeout: float) -> dict:
+    """torch's environment report (torch.utils.collect_env, what PyTorch's bug reports ask for): its fields and
+    its text, or {'error': why}. In a subprocess, and only for --json: it takes seconds (4-5 s on a busy 2-core CPU),
+    so the table never waits for it."""
+    try:
+        p = subprocess.run([sys.executable, "-c", COLLECT_ENV], capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"error": f"torch.utils.collect_env did not finish within {timeout:.0f} s"}
+    try:
+        return json.loads(p.stdout.splitlines()[-1])
+    except (IndexError, ValueError):
+        said = (p.stderr.strip().splitlines() or ["it printed nothing"])[-1]
+        return {"error": f"torch.utils.collect_env failed (exit {p.returncode}): {said}"}
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -351,6 +373,7 @@ def cli(argv: list[str]) -> int:
     args["need"] = tuple(args["need"])
     report = run(Options(**args), show=not as_json)
     if as_json:
+        report.collect_env = collect_env(max(args["timeout"], 120))
         print(report.to_json())
     if out:
         print("wrote " + ", ".join(str(p) for p in save(report, Path(out), write_reference)), file=sys.stderr)
