@@ -51,13 +51,25 @@ def test_json_holds_every_check_and_the_exit_code_says_fail(tmp_path, faults, co
         assert report["counts"]["FAIL"] == 2
 
 
-def test_table_has_one_line_per_check_and_a_fix_below_each_problem():
-    checks = [doctor.Check("a", "PASS", "fine"), doctor.Check("bb", "FAIL", "broken", "do this")]
+def test_table_has_one_line_per_check_its_detail_and_fix_below_it_when_verbose():
+    checks = [doctor.Check("a", "PASS", "fine", detail="x 1\ny 2"), doctor.Check("bb", "FAIL", "broken", "do this")]
     lines = doctor.Report(checks).table().splitlines()
-    assert lines[0] == "PASS  a   fine"
-    assert lines[1] == "FAIL  bb  broken"
-    assert lines[2].split() == ["fix:", "do", "this"]
-    assert lines[3] == "1 PASS, 1 FAIL: NOT ready (fix the FAIL lines)"
+    assert lines == ["PASS  a   fine", "FAIL  bb  broken; fix: do this", "1 PASS, 1 FAIL: NOT ready (fix the FAIL lines)"]
+    lines = doctor.Report(checks).table(verbose=True).splitlines()
+    assert [x.split() for x in lines[1:5]] == [["x", "1"], ["y", "2"], ["FAIL", "bb", "broken"], ["fix:", "do", "this"]]
+
+
+def test_the_package_line_is_one_line_and_its_list_is_in_the_detail(monkeypatch, tmp_path):
+    """00's line read 'WARN packages 71 missing, 36 differ from requirements.lock: missing aiodns, alembic, ...'."""
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("# Python 3.11\nno-such-package-a==1.0\nno-such-package-b==2.0\npytest==0.0.1\n")
+    monkeypatch.setattr(doctor, "LOCK", lock)
+    got = doctor.check_packages(None)
+    assert got.status == "WARN" and got.message == ("2 missing, 1 differ from requirements.lock "
+                                                    "(doctor --verbose lists them)")
+    assert "missing: no-such-package-a, no-such-package-b" in got.detail and "differs: pytest" in got.detail
+    assert "no-such-package" not in doctor.Report([got]).table()
+    assert "no-such-package-a" in doctor.Report([got]).table(verbose=True) and '"detail"' in doctor.Report([got]).to_json()
 
 
 def test_torchs_collect_env_report_comes_in_the_json_only(monkeypatch, capsys):

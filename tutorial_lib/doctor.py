@@ -72,13 +72,17 @@ class Report:
     def counts(self) -> dict[str, int]:
         return {s: sum(c.status == s for c in self.checks) for s in STATUSES}
 
-    def table(self) -> str:
+    def table(self, verbose: bool = False) -> str:
+        """One line per check, its fix on the same line; verbose: the fix below it and each check's detail."""
         width = max(len(c.name) for c in self.checks)
         lines = []
         for c in self.checks:
-            lines.append(f"{c.status}  {c.name:<{width}}  {c.message}")
-            if c.fix and c.status != "PASS":
-                lines.append(f"{'':4}  {'':<{width}}  fix: {c.fix}")
+            fix = c.fix if c.fix and c.status != "PASS" else ""
+            said = f"; fix: {fix}" if fix and not verbose else ""
+            lines.append(f"{c.status}  {c.name:<{width}}  {c.message}{said}")
+            pad = f"{'':4}  {'':<{width}}  "
+            lines += [pad + x for x in c.detail.splitlines()] if verbose else []
+            lines += [f"{pad}fix: {fix}"] if fix and verbose else []
         counts = ", ".join(f"{n} {s}" for s, n in self.counts().items() if n)
         lines.append(f"{counts}: {'ready' if self.ok else 'NOT ready (fix the FAIL lines)'}")
         return "\n".join(lines)
@@ -143,11 +147,10 @@ def check_packages(ctx: Context) -> Check:
         return Check("packages", "FAIL", f"missing: {', '.join(n for n in missing if norm(n) in core)}",
                      "make venv (installs requirements.lock), or pip install -r requirements.lock")
     if missing or differ:
-        shown = (["missing " + ", ".join(missing[:4])] if missing else []) + differ[:4]
-        more = len(missing) + len(differ) - min(len(missing), 4) - len(differ[:4])
-        return Check("packages", "WARN", f"{len(missing)} missing, {len(differ)} differ from requirements.lock: "
-                     + "; ".join(shown) + (f"; {more} more" if more > 0 else ""),
-                     "make venv for the tested versions (a site's own torch >= 2.4 also works)")
+        detail = "\n".join((["missing: " + ", ".join(missing)] if missing else []) + [f"differs: {d}" for d in differ])
+        return Check("packages", "WARN", f"{len(missing)} missing, {len(differ)} differ from requirements.lock "
+                     "(doctor --verbose lists them)", "make venv for the tested versions (a site's own torch >= 2.4 "
+                     "also works)", detail=detail)
     return Check("packages", "PASS", f"all {len(pinned)} packages match requirements.lock")
 
 
@@ -285,7 +288,7 @@ def check_compile_cache(ctx: Context) -> Check:
     on a GPU node where it is missing or holds nothing for this torch and GPU (every compiled run compiles anew)."""
     folder, source = compilecache.where(ctx.site.compile_cache, ctx.site.name)
     gpus = sorted({name for name, _ in ctx.torch.get("gpus") or []})
-    fix = "make warm on a node of this GPU type before the day (python -m tutorial_lib warm; docs/instructor.md)"
+    fix = "the first compiled cells take minutes: ask your instructor, who warms it with make warm"
     if folder is None or not folder.is_dir():
         said = f"{_shown(folder)} ({source}) does not exist" if folder else f"no compile cache: {source}"
         if not gpus:
@@ -322,8 +325,9 @@ def check_options(opts: Options) -> None:
                             f"{getattr(Options(), name)})")
 
 
-def run(options: Options | None = None, show: bool = True, **values) -> Report:
-    """Every check; prints the table (show=False: don't). Options fields may be given as keywords."""
+def run(options: Options | None = None, show: bool = True, verbose: bool = False, **values) -> Report:
+    """Every check; prints the table, one line per check (verbose: with each check's detail; show=False: nothing).
+    Options fields may be given as keywords."""
     opts = options or Options(**values)
     check_options(opts)
     ctx = Context(opts)
@@ -340,7 +344,7 @@ def run(options: Options | None = None, show: bool = True, **values) -> Report:
         checks.append(result)
     report = Report(checks, torch=ctx.torch)
     if show:
-        print(report.table())
+        print(report.table(verbose))
     return report
 
 
@@ -349,6 +353,7 @@ def cli(argv: list[str]) -> int:
     d = Options()
     p = argparse.ArgumentParser(prog="python -m tutorial_lib doctor", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="one JSON object with every check (for a site admin)")
+    p.add_argument("--verbose", action="store_true", help="each check's detail below its line (the package list)")
     p.add_argument("--site", help=f"site profile name or YAML file (default: {sites.default_site()})")
     p.add_argument("--account", help="the workshop's project account (default: the site profile's)")
     p.add_argument("--reservation", help="the workshop's Slurm reservation, checked with sbatch --test-only")
@@ -368,10 +373,11 @@ def cli(argv: list[str]) -> int:
     p.add_argument("--reference", action="store_true", help="with --out: also notebooks/reference/doctor.json")
     args = vars(p.parse_args(argv))
     as_json, out, write_reference = args.pop("json"), args.pop("out"), args.pop("reference")
+    verbose = args.pop("verbose")
     if write_reference and not out:
         raise UserError("--reference goes with --out DIR (where the report is written too)")
     args["need"] = tuple(args["need"])
-    report = run(Options(**args), show=not as_json)
+    report = run(Options(**args), show=not as_json, verbose=verbose)
     if as_json:
         report.collect_env = collect_env(max(args["timeout"], 120))
         print(report.to_json())

@@ -42,6 +42,7 @@ class Check:
     message: str
     fix: str = ""
     seconds: float = 0.0  # how long the check took
+    detail: str = ""  # what the learner's one line leaves out (a package list): --verbose and --json show it
 
 
 def run_command(cmd: list[str], timeout: float, cwd: Path | None = None) -> tuple[int | None, str]:
