@@ -31,7 +31,8 @@ $(STAMP): requirements.lock pyproject.toml
 	@touch $@
 
 kernel: venv
-	$(BIN)/python -m ipykernel install --user --name hpc-workbook --display-name "Python (HPC workbook)"
+	@# ipykernel's spec, started through tutorial_lib.kernel: it sets TENSORBOARD_PROXY_URL from the hub user's prefix
+	$(BIN)/python -m tutorial_lib.kernel install
 
 lab: venv kernel
 	@echo "Starting JupyterLab on 127.0.0.1:$(PORT); open the URL with the token printed below."
