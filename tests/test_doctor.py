@@ -238,6 +238,7 @@ def test_allreduce_probe_is_correct_over_two_processes():
     ok, text = doctor.allreduce("gloo", 2, timeout=120)
     assert ok, text
     assert text.startswith("all-reduce over 2 gloo ranks correct") and "GB/s" in text
+    assert "bus bandwidth" in text and "as nccl-tests reports it" in text  # the card's figure (tutorial_lib/busbw.py)
 
 
 # ---------------------------------------------------------------------------------------- a real Jupyter server

@@ -12,11 +12,10 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from functools import cached_property
 from pathlib import Path
 
-from . import reference
+from . import busbw, reference
 from .config import ROOT, UserError
 from .sitecheck import Check
 from .sitecheck import run_command as _run
@@ -181,22 +180,13 @@ def _allreduce_rank(rank: int, backend: str, nproc: int, port: int) -> None:
     x = torch.full((1,), float(rank + 1), device=device)
     dist.all_reduce(x)
     big = torch.ones((64 if backend == "nccl" else 1) * 2**18, device=device)  # 64 MiB (nccl) or 1 MiB of fp32
-    dist.all_reduce(big)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(5):
-        dist.all_reduce(big)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    seconds = (time.perf_counter() - t0) / 5
+    seconds = busbw.timed_allreduce(big, 5)  # the card's measurement too (lessons/allreduce.py)
     expected = nproc * (nproc + 1) / 2
     if rank == 0:
         if x.item() != expected:
             raise SystemExit(f"wrong all-reduce result {x.item()} (expected {expected})")
-        gbs = big.numel() * 4 / seconds / 1e9
-        print(f"all-reduce over {nproc} {backend} ranks correct; {big.numel() * 4 / 2**20:.0f} MiB in "
-              f"{seconds * 1e3:.2f} ms ({gbs:.1f} GB/s algorithm bandwidth, on {device.type})", flush=True)
+        print(f"all-reduce over {nproc} {backend} ranks correct; {busbw.words(big.numel() * 4, seconds, nproc)}, "
+              f"on {device.type}", flush=True)
     dist.destroy_process_group()
 
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import time
 from dataclasses import dataclass
+
+from .. import busbw
 
 BACKWARD_SHARE = 2 / 3  # of a training step: the backward pass does twice the forward's FLOPs
 _CACHE: dict = {}
@@ -41,20 +42,9 @@ def _worker(rank: int, world: int, port: int, backend: str, nbytes: int, iters: 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             **({"device_id": device} if device.type == "cuda" else {}))  # barrier() knows its GPU
     buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
-    for _ in range(3):  # warm-up: the communicator's set-up, the first connection
-        dist.all_reduce(buf)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        dist.all_reduce(buf)
-    sync()
-    seconds = (time.perf_counter() - t0) / iters
-    worst = torch.tensor([seconds], dtype=torch.float64, device=device)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the slowest rank's time is the collective's
+    seconds = busbw.timed_allreduce(buf, iters)  # the doctor's measurement too
     if rank == 0:
-        queue.put(float(worst.item()))
+        queue.put(seconds)
     dist.barrier()
     dist.destroy_process_group()
     del buf
@@ -97,7 +87,7 @@ def measure(nbytes: int, gpus: int | None = None, iters: int | None = None) -> B
             mp.start_processes(_worker, args=(ranks, free_port(), backend, nbytes, iters, queue), nprocs=ranks,
                                start_method="spawn", join=True)
         seconds = queue.get()
-        bus = nbytes / seconds * 2 * (ranks - 1) / ranks / 1e9
+        bus = busbw.bus_gb_s(nbytes, seconds, ranks)
         where = f"{ranks} GPUs of this node (NCCL)" if backend == "nccl" else \
             "2 CPU processes (gloo; this node has fewer than 2 GPUs: a floor, not NVLink)"
         _CACHE[key] = Bandwidth(bus, nbytes, ranks, backend, where)
