@@ -864,7 +864,7 @@ def test_a_reference_file_of_the_wrong_shape_is_one_line(tmp_path, text):
     from tutorial_lib import reference
 
     (tmp_path / "bad.json").write_text(text)
-    with pytest.raises(UserError, match="reference file .*bad.json") as e:
+    with pytest.raises(UserError, match="bad.json .*not a reference record") as e:
         reference.show("bad", folder=tmp_path)
     assert "\n" not in str(e.value)
 

@@ -23,7 +23,6 @@ torch and bad input fails at once. Bad input ends in one line, `error: ...`, and
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -182,7 +181,8 @@ def study(argv: list[str]) -> int:
         if not old.is_file():
             raise UserError(f"--compare {args.compare}: no such file; give an older record of study {args.name}, "
                             f"e.g. git show HEAD~1:notebooks/reference/<name>.json > old.json")
-        record = json.loads(old.read_text())
+        record = reference.read(old, f"give an older record of study {args.name}, e.g. git show "
+                                f"HEAD~1:notebooks/reference/<name>.json > old.json")
         ours = study.scripts()
         if record.get("script") not in ours:
             raise UserError(f"--compare {args.compare}: a record of {record.get('script')!r}, not of study "

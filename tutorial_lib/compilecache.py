@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .config import UserError
-from .results import atomic_write_text
+from .results import atomic_write_text, read_record
 
 ENV = "WORKBOOK_COMPILE_CACHE"
 READONLY_ENV = "WORKBOOK_COMPILE_CACHE_READONLY"
@@ -133,13 +133,7 @@ def read_manifest(folder: Path) -> dict:
     path = folder / MANIFEST
     if not path.is_file():
         return {"entries": {}}
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path} can't be read ({e}); delete it and run make warm again") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("entries"), dict):
-        raise UserError(f"{path} is not a compile cache manifest; delete it and run make warm again")
-    return manifest
+    return read_record(path, "a compile cache manifest", "delete it and run make warm again", {"entries": dict})
 
 
 def record(folder: Path, name: str, torch_version: str, device: str, figures: dict) -> Path:

@@ -122,11 +122,13 @@ def against_monitor(out_dir: str, gpus: list[int] | None = None) -> list[dict]:
     nvidia-smi run by hand with the same --query-gpu and --format=csv) over the same window, and their ratio.
     `gpus`: the monitor's GPU indexes that ran the ranks, in rank order (default 0..gpus-1)."""
     import csv
-    import json
     from datetime import datetime
     from pathlib import Path
 
-    result = json.loads((Path(out_dir) / "result.json").read_text())
+    from .results import read_record
+
+    result = read_record(Path(out_dir) / "result.json", "a workbook result",
+                         "run the same training command again: it writes it again")
     t0, t1 = result.get("energy_window_unix") or (None, None)
     if result.get("energy_per_gpu_j") is None or t0 is None:
         raise NoCounter(f"{out_dir}/result.json has no energy: {result.get('energy_note')}")

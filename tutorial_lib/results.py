@@ -67,7 +67,8 @@ class Result:
         extra = "" if self.mfu is None else f" | MFU {100 * self.mfu:.0f}%"
         if self.compile_time_s is not None:
             extra += f" | compile {self.compile_time_s:.0f} s"
-        ms = {k: "n/a" if v is None or v != v else f"{v:.1f}" for k, v in self.step_time_ms.items()}  # no timed step
+        ms = {k: "n/a" if v is None or v != v else f"{v:.1f}"  # None or NaN: no timed step
+              for k, v in ((k, self.step_time_ms.get(k)) for k in ("median", "p10", "p90"))}
         rate = self.throughput_img_s
         rate = "n/a" if rate is None or rate != rate else f"{rate:,.0f}"
         return (f"{rate} img/s on {self.device} x{self.world_size} | step {ms['median']} ms (p10 {ms['p10']}, "
@@ -109,21 +110,72 @@ def _finite(value):
     return value
 
 
+RESULT_KEYS = {"config": dict, "step_time_ms": dict,  # what every reader of a result.json relies on
+               "throughput_img_s": (int, float, type(None))}  # null: no timed step (NaN is written as null)
+
+
 def load_result(out_dir: str | os.PathLike) -> Result:
     """The Result of the run in `out_dir` (its result.json). (Notebook 01 teaches it.)"""
     path = Path(out_dir) / "result.json"
     if not path.is_file():
         raise UserError(f"no result.json in {str(out_dir)!r}: the run did not finish (see its log)")
+    values = read_result(path, "run the same training command again: it writes it again (from its checkpoint "
+                         "when the run kept one, else by training)")
+    known = {f.name for f in fields(Result)}
     try:
-        values = json.loads(path.read_text())
-        if not isinstance(values, dict):
-            raise TypeError(f"it holds a JSON {type(values).__name__}, not an object")
-        known = {f.name for f in fields(Result)}
         return Result(**{k: v for k, v in values.items() if k in known})
-    except (ValueError, TypeError, OSError) as e:
-        first = (str(e).splitlines() or [type(e).__name__])[0][:160]
-        raise UserError(f"{path} is not a workbook result ({first}); run the same training command again: it "
-                        "writes it again (from its checkpoint when the run kept one, else by training)") from None
+    except TypeError as e:  # a field the constructor needs is missing
+        raise UserError(f"{path} is not a workbook result ({e}); run the same training command again") from None
+
+
+def read_result(path: str | os.PathLike, fix: str) -> dict:
+    """A result.json as a dict (a Result's fields), or read_record's one-line error with `fix`."""
+    return read_record(path, "a workbook result", fix, RESULT_KEYS)
+
+
+JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+              bool: "true or false", type(None): "null", object: "any value"}
+
+
+def read_record(path: str | os.PathLike, what: str, fix: str, keys: dict | None = None) -> dict:
+    """The JSON object in `path` (a result.json, a rank's last words, a reference record, ...), or a UserError of
+    one line that names the file, what is wrong with it and `fix`, what to do: a file that is missing, can't be
+    read, is not text (binary), is not complete JSON (cut short), holds another JSON value than an object, or
+    lacks one of `keys` (name -> the type or types its value must have). `what`: what the file should be, in
+    the user's words ("a workbook result"). Every command that reads such a record reads it here."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+        record = json.loads(text)
+    except FileNotFoundError:
+        problem = "does not exist"
+    except OSError as e:
+        problem = f"can't be read ({e.strerror or e})"
+    except UnicodeDecodeError:
+        problem = "is not text (a binary file?)"
+    except json.JSONDecodeError as e:
+        problem = "is empty" if not text.strip() else \
+            f"is not complete JSON (cut short? {e.msg} at line {e.lineno}, column {e.colno})"
+    else:
+        problem = shape_problem(record, keys or {})
+        if problem is None:
+            return record
+    raise UserError(f"{path} {problem}, so it is not {what}; {fix}")
+
+
+def shape_problem(record, keys: dict) -> str | None:
+    """What is wrong with the shape of a record read from JSON (see read_record), or None."""
+    if not isinstance(record, dict):
+        return f"holds {JSON_NAMES.get(type(record), 'another value')}, not an object"
+    missing = [k for k in keys if k not in record]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    for key, kinds in keys.items():
+        kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+        if not isinstance(record[key], kinds) or (type(record[key]) is bool and not {bool, object} & set(kinds)):
+            allowed = " or ".join(dict.fromkeys(JSON_NAMES[k] for k in kinds))
+            return f"has {key}={json.dumps(record[key])[:40]}, not {allowed}"
+    return None
 
 
 def result_line(res: dict) -> str:

@@ -11,7 +11,6 @@ knows nothing of how the files are rendered. No torch here: this runs on login n
 """
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -20,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ROOT, UserError
+from .results import read_result
+
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
             "DEADLINE", "REVOKED", "SPECIAL_EXIT")
 
@@ -195,7 +196,8 @@ class Job:
 
     def result(self, task: int | None = None) -> dict:
         """The run's result.json as a dict (array task `task` of a sweep)."""
-        return json.loads(self._result_path(task).read_text())
+        return read_result(self._result_path(task), f"submit {self.path or 'the job'} again: its run writes it again "
+                           "(from its checkpoint when it kept one)")
 
     def results(self) -> list[dict]:
         """Every task's result.json, in task order (one for a plain job)."""

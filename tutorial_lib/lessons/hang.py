@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import re
 import shutil
 import subprocess
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from .. import lastwords
 from ..config import TrainConfig, UserError
+from ..results import read_record, shape_problem
 
 FROZEN = "frozen by the drill (no collective)"
 FR_PREFIX = "rank_"  # the flight recorder's files: <out_dir>/flight_recorder/rank_<R>
@@ -153,6 +153,8 @@ class HangReport:
         return next((w for w in self.words if w["rank"] == r), None)
 
     def __str__(self) -> str:
+        if self.ended():  # no hang: the hang's commands would send the reader looking for one
+            return "\n".join([*self.table(), "", self.verdict()])
         return "\n".join([*self.table(), "", self.verdict(), "", "flight recorder (torchfrtrace):",
                           self.flight_recorder, "", *commands(self)])
 
@@ -165,6 +167,9 @@ class HangReport:
         return rows
 
     def verdict(self) -> str:
+        ended = self.ended()
+        if ended:
+            return ended
         if not self.suspects:
             return "no rank stands out: every rank failed in the same place (see the flight recorder)"
         names = ", ".join(map(str, self.suspects))
@@ -178,6 +183,24 @@ class HangReport:
             line += (f". The flight recorder {agree}: {self.fr_collective} is missing rank"
                      f"{'s' * (len(self.fr_missing_ranks) > 1)} {', '.join(map(str, self.fr_missing_ranks))}")
         return line
+
+
+    def ended(self) -> str | None:
+        """What the last words say when no rank hung: every rank finished, was stopped by a signal, or failed
+        with an error of its own (not a collective's timeout); else None."""
+        states, steps = {w["state"] for w in self.words}, sorted({w["step_completed"] for w in self.words})
+        at = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+        if states == {"finished"}:
+            return f"the run finished normally: every rank completed {at}; there is no hang to explain"
+        if states == {"stopped"}:
+            return (f"the run was stopped by a signal (scancel, a time limit) at {at}, with a checkpoint: no "
+                    "hang; run the same command again to continue")
+        errors = {(w["failure"] or {}).get("error") for w in self.words}
+        if states == {"failed"} and None not in errors and not any(w["failure"]["collective"] for w in self.words):
+            first = self.words[0]
+            return (f"every rank failed with an error of its own at {at}, none in a collective: not a hang "
+                    f"(rank {first['rank']}: {first['failure']['error'][:70]})")
+        return None
 
 
 def _phase(w: dict) -> str:
@@ -196,7 +219,7 @@ def read_report(out_dir: str | Path) -> HangReport:
     if not files:
         raise UserError(f"no last words in {out / 'ranks'}: give the out_dir of a run of the workbook's engine "
                         "(every rank writes ranks/rank<R>.json there while it runs)")
-    words = sorted((json.loads(p.read_text()) for p in files), key=lambda w: w["rank"])
+    words = sorted(map(last_words, files), key=lambda w: w["rank"])
     report = HangReport(str(out), words)
     timed_out = [w for w in words if (w.get("failure") or {}).get("collective")]
     others = [w for w in words if w not in timed_out] or words
@@ -205,6 +228,24 @@ def read_report(out_dir: str | Path) -> HangReport:
     report.waited_in = timed_out[0]["failure"]["in"] if timed_out else None
     _read_flight_recorder(report, out / "flight_recorder", words[0].get("world_size", len(words)))
     return report
+
+
+NUMBER, MAYBE = (int, float), (int, float, type(None))
+WORDS = {"rank": int, "world_size": int, "host": str, "pid": int, "state": str, "step_completed": int,
+         "phase": str, "phase_since": MAYBE, "written": NUMBER, "failure": (dict, type(None))}  # lastwords.words
+FAILURE = {"in": str, "collective": (str, type(None)), "error": str}
+
+
+def last_words(path: Path) -> dict:
+    """One rank's last words (lastwords.py), or a one-line UserError naming the file when it is damaged (a copy
+    cut short, a file of something else): what `hang` can't read, it says so rather than guess."""
+    fix = (f"move it out of {path.parent} and run hang again: the other ranks' files still tell where they "
+           "stopped")
+    words = read_record(path, "a rank's last words", fix, WORDS)
+    problem = words["failure"] is not None and shape_problem(words["failure"], FAILURE)
+    if problem:
+        raise UserError(f"{path}: its failure {problem}, so it is not a rank's last words; {fix}")
+    return words
 
 
 def _read_flight_recorder(report: HangReport, folder: Path, world_size: int) -> None:

@@ -189,22 +189,36 @@ def _machine(size: Size) -> dict:
 def entries(record: dict) -> dict[str, tuple]:
     """A record's throughputs, each as (img/s, the band its step times allow, its configuration or None): the
     cases of a study that keeps them (runs / cases), the rungs of a ladder (rows), else its figures named *img_s
-    (a band of the noise floor, no step times)."""
+    (a band of the noise floor, no step times). An entry whose figures are not numbers is left out."""
     figures, out = record["figures"], {}
-    for name, rec in _cases_of(figures).items():
-        r = rec.get("result") or {}
-        if r.get("throughput_img_s") and r.get("step_time_ms"):
-            out[name] = (r["throughput_img_s"], band(r), rec.get("config"))
-    for row in figures.get("rows") or []:
-        if row.get("img_s") and not row.get("skipped"):
+    cases = _cases_of(figures)
+    for name, rec in (cases.items() if isinstance(cases, dict) else ()):
+        r = rec.get("result") if isinstance(rec, dict) else None
+        if isinstance(r, dict) and r.get("throughput_img_s") and r.get("step_time_ms"):
+            config = rec.get("config")
+            _add(out, name, r, config if isinstance(config, dict) else None)
+    rows = figures.get("rows")
+    for row in (rows if isinstance(rows, list) else ()):
+        if isinstance(row, dict) and row.get("img_s") and not row.get("skipped"):
             steps = {"median": row.get("step_ms"), "p10": row.get("step_ms_p10"), "p90": row.get("step_ms_p90")}
-            out[f"rung {row['rung']}"] = (row["img_s"], band({"throughput_img_s": row["img_s"], "step_time_ms": steps}),
-                                          None)
+            _add(out, f"rung {row.get('rung')}", {"throughput_img_s": row["img_s"], "step_time_ms": steps}, None)
     if not out:
         for key, value in figures.items():
             if key.endswith("img_s") and isinstance(value, (int, float)) and value > 0:
-                out[key] = (value, band({"throughput_img_s": value, "step_time_ms": {}}), None)
+                _add(out, key, {"throughput_img_s": value, "step_time_ms": {}}, None)
     return out
+
+
+def _add(out: dict, name: str, result: dict, config: dict | None) -> None:
+    """out[name] = (img/s, its band, config), unless the figures are not numbers (a damaged or hand-edited
+    record): such an entry can't be compared."""
+    value = result["throughput_img_s"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return
+    try:
+        out[name] = (value, band(result), config)
+    except (TypeError, AttributeError, ZeroDivisionError):  # step times that are not numbers: no band
+        pass
 
 
 KEPT = "the same figures: kept, not rerun"
