@@ -17,9 +17,13 @@ ports, a one-minute idle limit and a five-second poll. Two headless Chromiums, o
    so and what to do;
 5. bob logs out: his server's job ends; alice left her tab: the idle limit ends hers, and her hub page says so.
 
+Before them, hub.sh prepares the learners once more from a copy of this checkout in a folder only root may
+enter: learners get the workbook from the handout repository and never read the instructor's checkout.
 Every step leaves a screenshot in build/browser/hub/ (the last one of a failed step ends in -FAILED). Runs as
 root (it creates the accounts and submits as them), like the Slurm tests; skipped with the reason otherwise.
-The unit tests at the top (spawner messages, the doctor's hub line, TensorBoard without a proxy) run anywhere.
+When `hub.sh prepare` fails, every hub test fails with its words (not with what is missing after it).
+The unit tests at the top (spawner messages, the doctor's hub line, TensorBoard without a proxy, what the
+servers' settings point at) run anywhere.
 """
 import contextlib
 import http.server
@@ -31,6 +35,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -170,6 +175,27 @@ def test_doctor_checks_the_tensorboard_link_through_the_hub(answer, expected, tm
         httpd.server_close()
 
 
+def test_nothing_a_learners_server_runs_or_reads_lies_in_the_instructors_checkout(monkeypatch):
+    """jupyterhub_config.py's settings for the servers (command, prologue, environment, the variables passed on)
+    name the shared environment and the learner's home, never this checkout, which may be private."""
+    from traitlets.config import Config
+
+    monkeypatch.setenv("PATH", f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}")  # as `make test` runs the hub
+    monkeypatch.setenv("VIRTUAL_ENV", str(ROOT / ".venv"))
+    c = Config()
+    exec(compile((HUB_DIR / "jupyterhub_config.py").read_text(), "jupyterhub_config.py", "exec"),
+         {"get_config": lambda: c, "__file__": str(HUB_DIR / "jupyterhub_config.py")})
+    from jupyterhub.spawner import Spawner
+
+    learners = {f"{section}.{k}": v for section in ("Spawner", "SlurmSpawner", "WorkbookSlurmSpawner")
+                for k, v in c[section].items()}
+    assert {"Spawner.cmd", "WorkbookSlurmSpawner.req_prologue", "Spawner.environment"} <= set(learners)
+    into = [f"{k} = {v!r}" for k, v in learners.items() if str(ROOT) in json.dumps(v, default=str)]
+    assert not into, f"a learner's server would need the instructor's checkout: {into}"
+    keep = learners.get("Spawner.env_keep", Spawner.class_traits()["env_keep"].default())  # what they inherit
+    assert not {"PATH", "PYTHONPATH", "VIRTUAL_ENV"} & set(keep), keep
+
+
 # ---------------------------------------------------------------------------------------- the hub
 def _why_not() -> str | None:
     if os.getuid() != 0:
@@ -213,11 +239,17 @@ class Hub:
                     **{f"WORKBOOK_HUB_{k.upper()}": str(v) for k, v in settings.items()}}
         self.log = SHOTS / f"{name}.log"
 
-    def hub_sh(self, command: str, timeout: float = 600):
+    def hub_sh(self, command: str, timeout: float = 600, checkout: Path = ROOT, **env):
+        """`hub.sh command` of `checkout`, started in it (as `make hub` there is); fails with the end of its log."""
+        start = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "a") as log:
-            p = subprocess.run(["bash", str(HUB_DIR / "hub.sh"), command], env=self.env, stdout=log,
-                               stderr=subprocess.STDOUT, timeout=timeout)
-        assert p.returncode == 0, f"hub.sh {command} failed; {self.log} ends with:\n{self.log.read_text()[-2000:]}"
+            p = subprocess.run(["bash", str(checkout / "scripts" / "hub" / "hub.sh"), command],
+                               env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+                               cwd=checkout)
+        said = self.log.read_text()[start:]
+        if p.returncode != 0:
+            pytest.fail(f"hub.sh {command} failed; {self.log} ends with:\n{said[-2000:]}", pytrace=False)
+        return said
 
     def password(self, user: str) -> str:
         shared = Path(self.env.get("WORKBOOK_HUB_HOME", "/opt/hpc-workbook"))
@@ -257,9 +289,17 @@ def home(user: str) -> Path:
     return Path(pwd.getpwnam(user).pw_dir)
 
 
+def has_account(user: str) -> bool:
+    try:
+        home(user)
+        return True
+    except KeyError:
+        return False
+
+
 def as_user(user: str, *cmd: str):
     subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={home(user)}", *cmd], check=True,
-                   capture_output=True, timeout=60)
+                   capture_output=True, timeout=60, cwd=home(user))
 
 
 @pytest.fixture(scope="module")
@@ -269,14 +309,23 @@ def ui():
 
 
 @pytest.fixture(scope="module")
-def learners(ui):
-    """A Chromium per learner; the learners' clones as handed out (the test's own changes from a former run
-    reverted, runs/ emptied) once hub.sh has prepared them."""
+def prepared():
+    """`hub.sh prepare` as `make hub` runs it, once, after the learners' clones are put back as handed out (the
+    test's own changes from a former run reverted, runs/ emptied). When it fails, each test that needs the hub
+    fails with hub.sh's words (pytest keeps a module fixture's failure)."""
     shutil.rmtree(SHOTS, ignore_errors=True)
     SHOTS.mkdir(parents=True)
     for user in ("alice", "bob"):
-        with contextlib.suppress(KeyError):  # no account yet: hub.sh creates it
+        if has_account(user):  # none yet: hub.sh creates it
             reset_clone(user)
+    hub = Hub(f"{NAME}-prepare")
+    hub.hub_sh("prepare")
+    return hub
+
+
+@pytest.fixture(scope="module")
+def learners(ui, prepared):
+    """A Chromium per learner, once hub.sh has prepared the learners."""
     drivers = {}
     try:
         for user in ("alice", "bob"):
@@ -393,6 +442,53 @@ def pids_of(*users: str) -> set[int]:
     return {int(p) for p in out.split()}
 
 
+def private_copy(folder: Path) -> Path:
+    """This checkout's tracked files as they are now (uncommitted changes included), cloned into `folder`."""
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run([*git, "stash", "create"], capture_output=True, text=True, check=True).stdout.strip() \
+        or subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    copy = folder / "workbook"
+    subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", str(ROOT), str(copy)], check=True, timeout=120)
+    subprocess.run(["git", "-C", str(copy), "checkout", "-q", "--detach", commit], check=True, timeout=120)
+    return copy
+
+
+@hub_only
+def test_learners_are_prepared_from_a_checkout_they_may_not_read(prepared):
+    """The instructor's checkout in a folder only root may enter (a mktemp -d, /root/...), `make hub` run there:
+    the learners' clones come from the handout repository, their commands start in their homes, and nothing
+    they run (kernel, its PYTHONPATH, their clone's remote) points into the checkout."""
+    shared = Path(prepared.env.get("WORKBOOK_HUB_HOME", "/opt/hpc-workbook"))
+    env = shared / "env"
+    assert (env / ".workbook-env").is_file(), "hub.sh prepare left no learners' environment"
+    folder = Path(tempfile.mkdtemp(prefix="private-"))  # mode 700, as mktemp -d makes it
+    try:
+        assert folder.stat().st_mode & 0o077 == 0
+        copy = private_copy(folder)
+        # the Python the shared environment was built on: the copy reuses the environment (it has no .venv)
+        said = prepared.hub_sh("prepare", checkout=copy, WORKBOOK_HUB_PYTHON=os.path.realpath(env / "bin" / "python"))
+        assert "none reads this checkout" in said, said
+        handout = subprocess.run(["git", "-C", str(shared / "handout.git"), "rev-parse", "main^{tree}"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        tree = subprocess.run(["git", "-C", str(copy), "rev-parse", "HEAD^{tree}"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        assert handout == tree, said  # the learners' workbook is the copy's
+        for user in ("alice", "bob"):
+            clone = home(user) / CLONE
+            kernel = home(user) / ".local" / "share" / "jupyter" / "kernels" / "hpc-workbook" / "kernel.json"
+            spec = json.loads(kernel.read_text())
+            assert spec["argv"][0].startswith(f"{env}/"), spec
+            assert spec["env"]["PYTHONPATH"] == str(clone), spec
+            remote = subprocess.run(["runuser", "-u", user, "--", "git", "-C", str(clone), "remote", "get-url",
+                                     "origin"], capture_output=True, text=True, timeout=60, cwd="/").stdout.strip()
+            assert remote == f"file://{shared}/handout.git", remote
+            for path in (kernel, home(user) / ".gitconfig", clone / ".git" / "config"):
+                text = path.read_text()
+                assert str(copy) not in text and str(ROOT) not in text, f"{path} points into the checkout:\n{text}"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @hub_only
 def test_a_spawner_that_cannot_submit_tells_the_learner_what_to_do(ui, learners):
     """A hub whose servers ask for a partition the cluster lacks: sbatch refuses, and bob's page says so."""
@@ -400,7 +496,7 @@ def test_a_spawner_that_cannot_submit_tells_the_learner_what_to_do(ui, learners)
     steps, d = ui.Steps(learners["bob"], "hub/1-cannot-submit"), learners["bob"]
     try:
         with steps("hub-up"):
-            hub.hub_sh("up")  # prepares everything (cluster, proxy, environment, accounts) the first time
+            hub.hub_sh("up")
             d.get(f"{hub.url}/hub/login")
         with steps("spawn-refused"):
             log_in(ui, d, hub, "bob", hub.password("bob"))
@@ -425,7 +521,7 @@ def hub(learners):
         yield hub
     finally:
         hub.hub_sh("down")
-        for user in ("alice", "bob"):
+        for user in filter(has_account, ("alice", "bob")):
             (home(user) / ".jupyter" / "jupyter_server_config.json").unlink(missing_ok=True)
         left = [j for j in (hub.server_job("alice"), hub.server_job("bob")) if j]
         assert not left, f"make hub-down left the servers' jobs {left}"
@@ -481,7 +577,10 @@ def test_two_learners_work_in_their_own_server_jobs(ui, learners, hub):
         fields = job_fields(alice_job)
         assert fields["UserId"].startswith("alice(") and fields["JobName"] == "01_single_gpu_cpu", fields
         assert fields["WorkDir"] == str(home("alice") / CLONE), fields
-        assert kernel_env("alice", kernel)["SLURM_JOB_ID"] == job["id"]  # submitted from inside her server's job
+        kernel_vars = kernel_env("alice", kernel)
+        assert kernel_vars["SLURM_JOB_ID"] == job["id"]  # submitted from inside her server's job
+        into = {k: v for k, v in kernel_vars.items() if str(ROOT) in v}
+        assert not into, f"alice's kernel names the instructor's checkout: {into}"
 
     # ---- bob logs in meanwhile: another job; alice's server is not his
     with steps_b("server-job-starts"):

@@ -17,7 +17,8 @@
 #     matches the lock and lies on the same file system, its packages are hard-linked (seconds, no extra disk);
 #     otherwise pip installs the lock.
 #   - the handout: this checkout (its tracked files, uncommitted changes included) as branch main of the
-#     repository $SHARED/handout.git, which is what learners clone
+#     repository $SHARED/handout.git, which is what learners clone. Learners never read this checkout (nor does
+#     any process of theirs start in it): it may lie in a folder only root may enter (/root, a mktemp -d).
 #   - the learners (alice and bob): a Unix account with a password, the handout cloned into ~/hpc-workbook
 #     with nbgitpuller (the tool instructors hand a workbook out with), and the workbook's kernel registered
 #     for that clone
@@ -36,6 +37,9 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 HERE=$ROOT/scripts/hub
+# Every process started from here begins in /, not in the caller's folder: a learner's (git, nbgitpuller,
+# ipykernel) would stop at a working folder it may not enter, such as a checkout in a private folder.
+cd /
 export WORKBOOK_HUB_NAME=${WORKBOOK_HUB_NAME:-workbook}
 export WORKBOOK_HUB_PORT=${WORKBOOK_HUB_PORT:-8000}
 export WORKBOOK_HUB_STATE=${WORKBOOK_HUB_STATE:-/tmp/workbook-hub/$WORKBOOK_HUB_NAME}
@@ -79,12 +83,14 @@ install_proxy() {
 }
 
 # ---------------------------------------------------------------------------------------- the learners' environment
-# shared_python: a Python >= 3.10 that every learner may run (this checkout's may live in root's home).
+# shared_python: a Python >= 3.10 that every learner may run (this checkout's may live in root's home), outside
+# this checkout (a venv made with --copies holds its own: learners would run a file of the checkout).
 shared_python() {
     local candidate
     for candidate in ${WORKBOOK_HUB_PYTHON:-} "$(readlink -f "$ROOT/.venv/bin/python" 2>/dev/null)" \
         /usr/bin/python3 /usr/local/bin/python3; do
         [[ -n $candidate && -x $candidate ]] || continue
+        [[ $(readlink -f "$candidate") == "$ROOT"/* ]] && continue
         if runuser -u nobody -- "$candidate" -c 'import sys, venv; sys.exit(sys.version_info < (3, 10))' \
             >/dev/null 2>&1; then
             echo "$candidate"
@@ -109,7 +115,7 @@ venv_matches() {
 link_packages() {
     # Hard links of the checkout's packages (a file changed by pip is replaced, never written in place, so
     # neither copy can change the other). Not the workbook's own package: learners import their clone's.
-    local venv=$ROOT/.venv site f first
+    local venv=$ROOT/.venv site f
     site=lib/python$(py_version "$1")/site-packages
     cp -al "$venv/$site/." "$ENV/$site/"
     rm -rf "$ENV/$site"/__editable__*tutorial_lib* "$ENV/$site"/tutorial_lib-*.dist-info
@@ -117,9 +123,10 @@ link_packages() {
     for f in "$venv"/bin/*; do
         case $(basename "$f") in python* | activate* | workbook) continue ;; esac
         [[ -e $ENV/bin/$(basename "$f") ]] && continue
-        first=$(head -c 200 "$f" | head -n 1 | tr -d '\0')
-        if [[ $first == "#!$venv/bin/python"* ]]; then
-            { echo "#!$ENV/bin/python${first#"#!$venv/bin/python"}"; tail -n +2 "$f"; } >"$ENV/bin/$(basename "$f")"
+        # pip's launchers name their Python: on the first line (#!), or on the second one (a /bin/sh
+        # trampoline, for a long path): the copy names the shared environment's, never the checkout's
+        if [[ $(head -c 2 "$f") == "#!" ]] && head -n 2 "$f" | grep -qF "$venv/bin/"; then
+            { head -n 2 "$f" | sed "s#$venv/bin/#$ENV/bin/#g"; tail -n +3 "$f"; } >"$ENV/bin/$(basename "$f")"
             chmod 755 "$ENV/bin/$(basename "$f")"
         else
             cp -a "$f" "$ENV/bin/"
@@ -184,7 +191,8 @@ publish_handout() {
     log "handout: $HANDOUT, branch main = ${commit:0:12} (the workbook at $head$dirty)"
 }
 
-as_learner() { local u=$1 home=$2; shift 2; runuser -u "$u" -- env HOME="$home" "$@"; }
+# as_learner: a command as the learner, in their home (never in this checkout, which may be private)
+as_learner() { local u=$1 home=$2; shift 2; (cd "$home" && runuser -u "$u" -- env HOME="$home" "$@"); }
 
 password_of() { if [[ -f $ACCOUNTS ]]; then awk -v u="$1" '$1 == u { print $2 }' "$ACCOUNTS"; fi; }
 
@@ -225,6 +233,8 @@ healthy() { curl -sf --max-time 3 "$URL/hub/health" >/dev/null; }
 
 prepare() {
     need_root
+    log "learners get the workbook from $HANDOUT and run $ENV: none reads this checkout, whose folders may \
+be private (needs: root, a Python >= 3.10 every user may run, node and npm)"
     mkdir -p "$STATE" "$SHARED"
     chmod 700 "$STATE"
     bash "$ROOT/scripts/slurm/local-cluster.sh" up
