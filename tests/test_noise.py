@@ -89,7 +89,7 @@ def test_no_verdict_orders_figures_the_rule_calls_equal(figures, device):
     for name in ("FULL/SYNTHETIC", "IO/SYNTHETIC", "SYNTHETIC/IO", "FULL/IO"):
         if name in lines[0]:
             a, b = (figures[m.lower()] for m in name.split("/"))
-            assert str(noise.compare(bench.figure(a), bench.figure(b), separate=False)) in lines[0]
+            assert str(noise.compare(bench.figure(a), bench.figure(b))) in lines[0]
 
 
 def test_a_cpu_row_is_never_launch_bound():

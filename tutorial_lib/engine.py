@@ -242,7 +242,8 @@ class Run:
                     if kept is not None:  # else written again from the checkpoint, no step trained again
                         return kept
                 self.clock = StepClock(self.device, warmup=untimed_steps(cfg, cfg.timing_warmup - self.step),
-                                       time_first=cfg.compile, prior=self.prior_timing, parts=cfg.time_parts)
+                                       time_first=cfg.compile, prior=self.prior_timing, parts=cfg.time_parts,
+                                       capture=cfg.nvtx)  # nvtx=true: the nsys job records the window only
                 self.loop(self.clock)
                 self.check_stop()  # a signal during the last steps
                 if cfg.ckpt_every or self.resumed_from is not None:  # a checkpoint that exists shows the end

@@ -217,11 +217,13 @@ def from_reference(figures: dict, key: str, windows: int = 10) -> dict:
 
 
 def _cmp(a: Measurement, b: Measurement) -> noise.Ratio:
-    return noise.compare(figure(a), figure(b), separate=False)  # the three measures: one process
+    """The rule on two measures. They run one after the other, each its own loop with its own warm-up: as two
+    runs, so the floor applies (FULL's loop does a little more than the step alone, always)."""
+    return noise.compare(figure(a), figure(b))
 
 
 def bound(figures: dict, device_type: str = "cuda", waited: float | None = None, idle: float | None = None) -> str | None:
-    """What bounds the run, by the rule (noise.compare of the measures' means, one process):
+    """What bounds the run, by the rule (noise.compare of the measures' means, `_cmp`):
     "disagrees" when FULL is faster than IO or SYNTHETIC (a loop can't outrun its parts);
     "input" when IO is slower than SYNTHETIC, or FULL waited for data `waited` >= WAITED of its time;
     "bursts" (input-bound in bursts) when IO keeps up on average, its slowest window is below SYNTHETIC, and

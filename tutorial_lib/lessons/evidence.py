@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import statistics
 
 import torch
@@ -167,8 +168,8 @@ def last_loss(result, tail: int = 5) -> float:
 
 def _judge(values: dict, against: str, higher: str, lower: str, extra: float = 0.0) -> dict:
     """precision -> the rule's verdict on the mean of its seeds against `against`'s (noise.of_runs: the seeds
-    are the samples, so no cross-process floor). `extra`: a relative standard error to add to each mean where
-    the same seed moves more between runs than the seeds differ (`repeatability`)."""
+    are the samples, so no cross-process floor). `extra`: the relative standard error to use instead where the
+    same seed moves more between runs than the seeds differ (`repeatability`): the larger of the two."""
     mean = {p: _widened(noise.of_runs(v, "seeds"), extra) for p, v in values.items()}
     said = {"equal": f"no difference from {against} shown", "higher": f"{higher} than {against}",
             "lower": f"{lower} than {against}"}
@@ -180,42 +181,44 @@ def _judge(values: dict, against: str, higher: str, lower: str, extra: float = 0
 
 
 def _widened(f: noise.Figure, extra: float) -> noise.Figure:
-    return noise.Figure(f.value, (f.se ** 2 + extra ** 2) ** 0.5, f.n, f.spread, f.unit) if extra else f
+    return noise.Figure(f.value, max(f.se, extra), f.n, f.spread, f.unit) if extra else f
 
 
 def repeatability(values: dict, record: dict | None) -> tuple[str | None, float]:
-    """How far one seed moved between this race and a reference run of it on the same kind of card, against the
-    yardstick of the race (the standard error of a precision's mean over its seeds). Returns a line to print
-    where the run-to-run change is the larger, and that change as the relative standard error to use instead
-    (0.0 where the seeds' own spread is the larger, or there is no record to hold this run against)."""
+    """How far each precision's seeds moved between this race and a reference run of it on the same kind of card
+    (the mean relative change at a fixed seed), against the yardstick of the race: how much its seeds differ (their
+    relative standard deviation). Returns a line to print where a run-to-run change is the larger, and the relative
+    standard error of a mean over the seeds with that change in place of the seeds' spread (0.0 where the seeds'
+    spread is the larger everywhere, or there is no record): the verdicts then use the larger."""
     f = (record or {}).get("figures", {})
-    moves, yard = [], []
+    worst = None
     for p, now in values.items():
-        then = f.get(f"{p}_accuracy") or []
-        moves += [abs(a - b) / b for a, b in zip(now, then) if a is not None and b]
-        if len(now) > 1:
-            yard.append(noise.of_runs(now).se)
-    if not moves or not yard:
+        moves = [abs(a - b) / b for a, b in zip(now, f.get(f"{p}_accuracy") or []) if a is not None and b]
+        if not moves or len(now) < 2:
+            continue
+        change, seeds = statistics.fmean(moves), noise.of_runs(now)
+        stick = seeds.se * math.sqrt(seeds.n)
+        if change > stick and (worst is None or change > worst[1]):
+            worst = (p, change, stick, seeds.n)
+    if worst is None:
         return None, 0.0
-    change, stick = statistics.fmean(moves), max(yard)
-    if change <= stick:
-        return None, 0.0
-    return (f"one seed moved {100 * change:.1f}% between this run and the reference, more than the seeds differ "
-            f"({100 * stick:.1f}%): the verdicts use the larger"), change
+    p, change, stick, n = worst
+    return (f"{p} moved {100 * change:.1f}% at a fixed seed since the reference, more than its seeds differ\n"
+            f"({100 * stick:.1f}%): the verdicts above use the larger"), change / math.sqrt(n)
 
 
-def precision_verdicts(runs: dict, target: float, against: str = "fp32", tail: int = 5) -> list[dict]:
+def precision_verdicts(runs: dict, target: float, against: str = "fp32", tail: int = 5, extra: float = 0.0) -> list[dict]:
     """Per precision: each seed's final validation accuracy, images to `target` and mean loss of the last `tail`
     steps, each judged against `against` by the seed spread: the seeds' ranges overlap -> no difference shown."""
     acc = {p: [r.val_accuracy for r in rs] for p, rs in runs.items()}
     loss = {p: [last_loss(r, tail) for r in rs] for p, rs in runs.items()}
-    said_acc, said_loss = _judge(acc, against, "higher", "lower"), _judge(loss, against, "higher", "lower")
+    said_acc, said_loss = _judge(acc, against, "higher", "lower", extra), _judge(loss, against, "higher", "lower")
     return [{"precision": p, "accuracy": acc[p], "images_to_target": [images_to(r, target) for r in rs],
              "last_loss": loss[p], "accuracy_verdict": said_acc[p], "loss_verdict": said_loss[p],
              "skipped_steps": [r.fp16_skipped_steps for r in rs], "device": rs[0].device} for p, rs in runs.items()]
 
 
-def precision_reference(record: dict) -> list[dict]:
+def precision_reference(record: dict, extra: float = 0.0) -> list[dict]:
     """The precision race as a GPU reference run recorded it (notebook 04's race cell), as rows for
     precision_table: each precision judged again against fp32 by the spread of its seeds, as precision_verdicts
     does (the record keeps each seed's figures, so the words follow the rule of today's workbook)."""
@@ -223,7 +226,7 @@ def precision_reference(record: dict) -> list[dict]:
     got = [p for p in ("fp32", "bf16", "fp16") if f"{p}_accuracy" in f]
     acc = {p: f[f"{p}_accuracy"] for p in got}
     loss = {p: f[f"{p}_last_loss"] for p in got}
-    said_acc, said_loss = _judge(acc, "fp32", "higher", "lower"), _judge(loss, "fp32", "higher", "lower")
+    said_acc, said_loss = _judge(acc, "fp32", "higher", "lower", extra), _judge(loss, "fp32", "higher", "lower")
     return [{"precision": p, "accuracy": acc[p], "images_to_target": f[f"{p}_images_to_target"], "last_loss": loss[p],
              "accuracy_verdict": said_acc[p], "loss_verdict": said_loss[p],
              "skipped_steps": f.get(f"{p}_skipped_steps")} for p in got]

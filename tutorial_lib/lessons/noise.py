@@ -96,16 +96,18 @@ def of_steps(img_s: float, median_ms: float, p10_ms: float, p90_ms: float, steps
     """A training run's img/s. With `blocks_ms` (the mean step of each block of BLOCK steps, which runs record):
     the mean of the blocks. A record with only step percentiles: the steps' standard deviation from p10-p90
     (2.563 standard deviations apart in a normal law) over steps // BLOCK blocks, each counted as one sample
-    (no credit for averaging within a block: wide on purpose), relative to the mean step (1000 x `batch` /
+    (no credit for averaging within a block: wide on purpose; a run shorter than two blocks counts its steps),
+    relative to the mean step (1000 x `batch` /
     img_s; the median step where the batch is not given). The spread: the p90 and p10 step as rates."""
     spread = (img_s * median_ms / p90_ms, img_s * median_ms / p10_ms) if p10_ms and p90_ms else None
     if blocks_ms and len(blocks_ms) > 1:
         f = of_windows([1 / b for b in blocks_ms if b], img_s, "steps")
         return Figure(f.value, f.se, f.n, spread, f.unit)
-    blocks = (steps or 0) // BLOCK
+    steps = steps or 0
+    blocks = steps // BLOCK if steps >= 2 * BLOCK else steps  # a short run: each step a sample
     if blocks < 2 or not p10_ms or not p90_ms or not img_s:
         return Figure(img_s, 0.0, 1, spread, "steps")
-    mean_ms = 1000 * batch / img_s if batch else median_ms
+    mean_ms = min(1000 * batch / img_s, median_ms) if batch else median_ms  # the smaller: the wider interval
     sd = (p90_ms - p10_ms) / 2.563
     return Figure(img_s, sd / mean_ms / math.sqrt(blocks), blocks, spread, "steps")
 
@@ -136,12 +138,17 @@ class Ratio:
         """'x1.96 (1.63-2.36)'; a ratio without an interval of its own: 'x1.96'."""
         if self.low == self.high == self.value:
             return f"x{self.value:.2f}"
-        return f"x{self.value:.2f} ({self.low:.2f}-{self.high:.2f})"
+        for digits in (2, 3, 4):  # the ends rounded inward, so that the printed interval excludes 1 when this one does
+            scale = 10 ** digits
+            lo, hi = math.ceil(self.low * scale - 1e-9) / scale, math.floor(self.high * scale + 1e-9) / scale
+            if lo <= hi and (self.verdict != "higher" or lo > 1) and (self.verdict != "lower" or hi < 1):
+                break
+        return f"x{self.value:.2f} ({lo:.{digits}f}-{hi:.{digits}f})"
 
     def words(self, up: str = "faster", down: str = "slower") -> str:
         """The verdict in words: `up`, `down`, 'within noise' or 'not settled: N more windows would decide'."""
         if self.verdict == "not settled":
-            n, unit = (self.more * BLOCK, "steps") if self.unit == "steps" else (self.more, self.unit)
+            n, unit = (self.more * BLOCK, "steps") if self.unit == "steps" else (self.more, self.unit)  # about
             more = f": {n:,} more {unit} would decide" if self.more else ""
             return f"not settled{more}"
         return {"higher": up, "lower": down, "equal": "within noise"}[self.verdict]
