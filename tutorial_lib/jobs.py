@@ -318,7 +318,8 @@ def _runner(r: Resources, program: Program, site: Site) -> str:
     if site.launcher:
         lines.append(site.launcher)
     if r.nsys:  # a report per srun task, named by nsys from the task's variables (%q{...})
-        lines.append('nsys profile --trace=cuda,nvtx,osrt --force-overwrite=true '
+        lines.append('nsys profile --trace=cuda,nvtx,osrt --capture-range=cudaProfilerApi --capture-range-end=stop '
+                     '--cuda-graph-trace=node --force-overwrite=true '
                      '--output="${out_dir:-.}/nsys/%q{SLURM_JOB_ID}.%q{SLURM_PROCID}"')
     last = ""
     if r.mode in ("torchrun", "multinode"):  # one node: torchrun with its stores on 127.0.0.1 (tutorial_lib.launcher)

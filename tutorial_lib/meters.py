@@ -44,6 +44,7 @@ def timing_fields(clock: "StepClock", batch_size: int, env: distributed.DistEnv)
     deliver N batches in a burst and then the loop waits, and a median step would hide exactly that stall;
     the median and p10/p90 step times stand beside it. Data wait: the mean per timed step, and the share of
     the timed time spent waiting."""
+    clock.capture.stop()  # the timed window is over: Nsight Systems stops recording here
     times = clock.prior_ms + clock.step_times_ms()  # a resumed run: the steps timed before it stopped, too
     total = sum(clock.prior_ms) / 1000 + clock.total_seconds()
     totals = distributed.all_gather(total, env)
@@ -159,6 +160,26 @@ def device_idle() -> bool:
     return torch.cuda.current_stream().query()
 
 
+class CaptureRange:
+    """torch.cuda.profiler.start() and stop() around the timed window, once each: with `nsys profile
+    --capture-range=cudaProfilerApi` (notebook 02's job) the report holds the timed steps only, not the start-up,
+    the warm-up or the evaluation. Nothing without a GPU or when not enabled (nvtx=false)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.started, self.stopped = enabled, False, False
+
+    def start(self) -> None:
+        if self.enabled and not self.started:
+            torch.cuda.profiler.start()
+            self.started = True
+
+    def stop(self) -> None:
+        if self.started and not self.stopped:
+            torch.cuda.synchronize()  # the window's last kernels inside the capture
+            torch.cuda.profiler.stop()
+            self.stopped = True
+
+
 class StepClock:
     """The one clock of the workbook (the training loop, the TensorBoard rate, every bench figure): a mark at
     the end of each step once `warmup` steps are done (warm-up: cuDNN autotuning, compilation, allocator
@@ -167,8 +188,9 @@ class StepClock:
     differences of these marks. Also the host time each timed step waited for its batch."""
 
     def __init__(self, device: torch.device, warmup: int, time_first: bool = False, prior: dict | None = None,
-                 parts: bool = False):
+                 parts: bool = False, capture: bool = False):
         self.cuda = device.type == "cuda"
+        self.capture = CaptureRange(self.cuda and capture)  # nsys --capture-range=cudaProfilerApi: the window
         PARTS.enabled = self.parts = parts  # time_parts: the host time of the step's phases (HostParts)
         self.warmup, self.steps = warmup, 0
         self.marks: list = []  # the end of each timed step (and of each pause)
@@ -202,6 +224,7 @@ class StepClock:
             self.tick_marks.append(0)
             PARTS.reset()
             self.energy.mark("window")
+            self.capture.start()
 
     def data_wait(self, seconds: float) -> None:
         """The step about to run waited `seconds` for its batch (counted once the warm-up is over). On a GPU the
@@ -223,6 +246,7 @@ class StepClock:
             if self.steps == self.warmup:
                 PARTS.reset()  # time_parts: the phases are summed from the first timed step on
                 self.energy.mark("window")
+                self.capture.start()
             else:
                 PARTS.tick()
         if self.time_first and self.steps == 1:
