@@ -455,8 +455,8 @@ def check_fits(images: torch.Tensor, device: torch.device, split: str) -> None:
     free, _ = torch.cuda.mem_get_info(device)
     need = images.numel() * images.element_size()
     if need > free / 2:
-        raise UserError(f"loader=gpu_resident needs {need / 2**20:,.0f} MB of GPU memory for the {split} images "
-                        f"but {free / 2**20:,.0f} MB are free; use loader=dataloader (or loader=prefetcher), "
+        raise UserError(f"loader=gpu_resident needs {need / 2**20:,.0f} MiB of GPU memory for the {split} images "
+                        f"but {free / 2**20:,.0f} MiB are free; use loader=dataloader (or loader=prefetcher), "
                         "or limit train_size")
 
 

@@ -62,7 +62,7 @@ class Result:
 
     def summary(self) -> str:
         acc = "n/a" if self.val_accuracy is None else f"{100 * self.val_accuracy:.1f}%"
-        mem = "n/a (CPU)" if self.peak_memory_mb is None else f"{self.peak_memory_mb:,.0f} MB"
+        mem = "n/a (CPU)" if self.peak_memory_mb is None else f"{self.peak_memory_mb:,.0f} MiB"
         first = f"{self.loss[0]:.3f}" if self.loss else "n/a"
         extra = "" if self.mfu is None else f" | MFU {100 * self.mfu:.0f}%"
         if self.compile_time_s is not None:

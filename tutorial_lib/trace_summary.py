@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import UserError
-from .values import count
+from .values import count, step_label
 
 from .intervals import covers, partition, union
 
@@ -164,7 +164,7 @@ class TraceSummary:
         if not self.peak_memory_mb:
             return "peak memory: not recorded (profile_memory=false)"
         return "peak memory allocated while profiling: " + ", ".join(
-            f"{dev} {mb:,.1f} MB" for dev, mb in self.peak_memory_mb.items())
+            f"{dev} {mb:,.1f} MiB" for dev, mb in self.peak_memory_mb.items())  # 2**20 bytes
 
     def report(self, top: int = 10) -> str:
         return "\n\n".join([self.header(), self.breakdown_table(), self.memory_line(),
@@ -445,7 +445,7 @@ class Summary:
         labels, bottoms = [], []
         for t in self.traces:
             for i, s in enumerate(t.steps):
-                labels.append(f"{t.worker}\n{s.name.replace('ProfilerStep', 'step ')}")
+                labels.append(f"{t.worker}\n{step_label(s.name)}")
         bottoms = [0.0] * len(labels)
         for p in PARTS:
             heights = [s.parts_ms[p] for t in self.traces for s in t.steps]

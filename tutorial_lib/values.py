@@ -165,3 +165,9 @@ def _as_str(value: Any) -> str | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)  # YAML read `out_dir: 2024` as a number
     return None
+
+
+def step_label(name: str) -> str:
+    """'ProfilerStep#7' -> 'step 8': torch.profiler counts steps from 0, the training's log and a learner from 1."""
+    m = re.fullmatch(r"ProfilerStep#(\d+)", name)
+    return f"step {int(m.group(1)) + 1}" if m else name
