@@ -103,9 +103,21 @@ class Site:
     cpu_bind: str | None = None  # optional: srun --cpu-bind=VALUE on every srun line (e.g. cores); null: Slurm's default
     gpu_bind: str | None = None  # optional: srun --gpu-bind=VALUE where srun starts a task per GPU (e.g. closest)
     numa_binding: str | None = None  # optional: torchrun --numa-binding=VALUE (node, ...) where the node allows it
+    interconnects: dict | None = None  # optional: {nvlink|pcie|network: bus GB/s}, over INTERCONNECTS' figures
 
 
-OPTIONAL_KEYS = ("charge_per_gpu_hour", "charge_unit", "compile_cache", "cpu_bind", "gpu_bind", "numa_binding")
+# The links a DDP job runs on, for the card's prediction on a node with fewer than 2 GPUs: (name, bus bandwidth in
+# GB/s as nccl-tests reports an all-reduce's, GPUs the prediction is for). Typical figures of current clusters: a
+# site profile's `interconnects` gives its own (the doctor's nccl line measures a node's).
+INTERCONNECTS = {
+    "nvlink": ("NVLink/NVSwitch, 8 GPUs of one node", 300.0, 8),
+    "pcie": ("PCIe without NVLink, 4 GPUs of one node", 20.0, 4),
+    "network": ("the network between 2 nodes of 8 GPUs (InfiniBand, 200 Gb/s per GPU)", 20.0, 16),
+}
+
+
+OPTIONAL_KEYS = ("charge_per_gpu_hour", "charge_unit", "compile_cache", "cpu_bind", "gpu_bind", "numa_binding",
+                 "interconnects")
 NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")  # torchrun's --numa-binding (torch >= 2.9)
 BIND_RE = re.compile(r"[A-Za-z0-9_:,]+")  # Slurm's --cpu-bind / --gpu-bind: cores, map_gpu:0,1, verbose,closest
 CACHE_RE = re.compile(r"[A-Za-z0-9_./${}-]+")  # a path; $VARS expand in the job (e.g. $SCRATCH/compile-cache)
@@ -154,6 +166,7 @@ def _check_site(site: Site, path: Path) -> Site:
                             "(setup: | and the lines indented below it)")
         _check_charge(site)
         _check_binding(site)
+        interconnects(site)
         if site.gpu_request not in GPU_REQUESTS:
             raise UserError(f"gpu_request={site.gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
         for key in ("gpus_per_node", "cpus_per_gpu", "max_nodes"):
@@ -173,6 +186,19 @@ def _check_site(site: Site, path: Path) -> Site:
     except UserError as e:
         raise UserError(where + str(e)) from None
     return site
+
+
+def interconnects(site: Site) -> list[dict]:
+    """The links of INTERCONNECTS with the site's own bus bandwidths where its profile gives them: each {key, name,
+    bus_gb_s, gpus, source}."""
+    own = site.interconnects or {}
+    if not isinstance(own, dict) or any(k not in INTERCONNECTS for k in own) or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 for v in own.values()):
+        raise UserError(f"interconnects={own!r} must map some of {', '.join(INTERCONNECTS)} to a bus bandwidth in "
+                        "GB/s above 0, e.g. interconnects: {network: 25}")
+    return [{"key": k, "name": name, "bus_gb_s": float(own.get(k, gb_s)), "gpus": gpus,
+             "source": f"site profile {site.name}" if k in own else "typical"}
+            for k, (name, gb_s, gpus) in INTERCONNECTS.items()]
 
 
 def _check_charge(site: Site) -> None:

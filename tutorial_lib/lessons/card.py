@@ -28,9 +28,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import allreduce, bench, card_ddp, ladder, noise, size as size_switch
+from . import allreduce, bench, card_ddp, card_input, ladder, noise, size as size_switch
 from .card_report import Card, write_job
-from .. import engine, flops, oom, ownmodel
+from .. import engine, flops, oom, ownmodel, sites
 from ..config import TrainConfig, UserError, load
 from ..meters import untimed_steps
 from ..results import Result, make_folder
@@ -83,11 +83,11 @@ def card(model: Any, batch: Any = None, loss: Any = None, *, small: bool | None 
     bench_result = measure_bench(parts, cfg, sizes)
     say(bench_result.summary().replace("img/s", "samples/s"))
     plan = rung_plan(cfg, probe, opts.get("rungs"), opts.get("compile_on_cpu", False))
-    rows = measure_rungs(parts, plan, sizes, say)
+    rows = measure_rungs(parts, plan, sizes, say, card_input.resident_parts(parts, cfg))
     rec = recommend(rows, plan)
     memory = largest_batch(parts, rec["config"], probe, sizes.batch_cap)
     alone = card_ddp.one_process(lambda c: measure_rung(parts, card_ddp.ONE_PROCESS, timed(c, sizes)), rec)
-    ddp = predict_ddp(probe, rec["row"], alone)
+    ddp = predict_ddp(probe, rec["row"], alone, opts.get("site"))
     ddp["measured"] = card_ddp.measure(specs, rec["config"], ddp_gpus, no_ddp, sizes, out)
     job = write_job(specs, rec["config"], opts.get("jobs_dir", out), opts.get("site"), int(opts.get("job_steps", 1000)))
     result = Card.build(specs, probe, bench_result, rows, rec, memory, ddp, job, time.perf_counter() - started)
@@ -296,15 +296,19 @@ def rung_plan(cfg: TrainConfig, probe: dict, only: list[str] | None, compile_on_
     return plan
 
 
-def measure_rungs(parts: ownmodel.Parts, plan: list[tuple], sizes: CardSizes, say) -> list[dict]:
+def measure_rungs(parts: ownmodel.Parts, plan: list[tuple], sizes: CardSizes, say,
+                  resident: ownmodel.Parts | None = None) -> list[dict]:
     """Each rung a training run (engine.Run.fit with the user's parts); a rung that fails is a row with its one-line
-    reason, and the rungs above it build on the last one that ran."""
+    reason, and the rungs above it build on the last one that ran. A rung whose steps waited for batches is run
+    again on one `resident` batch: the model alone (lessons.card_input)."""
     rows, start = [], time.perf_counter()
     for rung, cfg, reason in plan:
         if reason is None and time.perf_counter() - start > sizes.budget_s:
             reason = f"the card's time budget ({sizes.budget_s:.0f} s) was spent"
         cfg = timed(cfg, sizes)
         row = ladder.skipped_row(rung, cfg, reason) if reason else measure_rung(parts, rung, cfg)
+        row = card_input.add_resident(row, resident and (lambda: measure_rung(
+            resident, rung, cfg.replace(out_dir=f"{cfg.out_dir}_resident"))))
         rows.append({**row, "precision": cfg.precision})  # the peak its MFU is against (card_report.peaks_note)
         say(ladder.row_line(row).replace("img/s", "samples/s"))
     ladder.add_speedups(rows)
@@ -427,13 +431,19 @@ def _peak(run, x, y, k: int) -> int | None:
         torch.cuda.empty_cache()
 
 
-def predict_ddp(probe: dict, row: dict, alone: dict) -> dict:
-    """The gradient bytes, the all-reduce bandwidth of this node and the DDP efficiency they predict, each rank's
-    step being DDP's in one process (`alone`, card_ddp.one_process) where it was measured."""
+def predict_ddp(probe: dict, row: dict, alone: dict, site: str | None = None) -> dict:
+    """The gradient bytes, the all-reduce bandwidth and the DDP efficiency they predict, each rank's step being DDP's
+    in one process (`alone`, card_ddp.one_process) where it was measured. The bandwidth: measured between the GPUs
+    of this node (NCCL) or, on a CPU, between 2 processes (gloo); on a node with one GPU, the links a job would run
+    on (sites.interconnects: typical figures, or the site profile's), each predicted for its GPUs."""
     step_ms = 1000 * row["batch"] / row["img_s"]
-    nbytes = min(probe["grad_bytes"], (64 if probe["device_type"] == "cuda" else 4) * 2**20)
-    bw = allreduce.measure(nbytes)
     ddp_step = card_ddp.predicted_step_ms(alone, step_ms)
-    return {"grad_bytes": probe["grad_bytes"], "step_ms": step_ms, "bandwidth": dataclasses.asdict(bw),
-            "one_process": alone, "rows": allreduce.predict(step_ms, probe["grad_bytes"], bw.bus_gb_s,
-                                                            ddp_step_ms=ddp_step)}
+    out = {"grad_bytes": probe["grad_bytes"], "step_ms": step_ms, "one_process": alone}
+    if probe["device_type"] == "cuda" and torch.cuda.device_count() < 2:
+        rows = [{**allreduce.predict(step_ms, probe["grad_bytes"], link["bus_gb_s"], (link["gpus"],), ddp_step)[0],
+                 **link} for link in sites.interconnects(sites.load_site(site))]
+        return {**out, "rows": rows, "bandwidth": {"bus_gb_s": None, "nbytes": None, "ranks": None,
+                                                   "backend": "table", "where": "typical links"}}
+    bw = allreduce.measure(min(probe["grad_bytes"], (64 if probe["device_type"] == "cuda" else 4) * 2**20))
+    return {**out, "bandwidth": dataclasses.asdict(bw),
+            "rows": allreduce.predict(step_ms, probe["grad_bytes"], bw.bus_gb_s, ddp_step_ms=ddp_step)}

@@ -7,7 +7,7 @@ import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import bench, ladder, noise
+from . import bench, card_input, card_verdict, ladder, noise
 from .. import flops, jobs, peaks
 from ..config import TrainConfig, UserError
 from ..perfdoc import fmt
@@ -52,56 +52,64 @@ class Card:
                                          self.bench.get("waited"))[1])
 
     def summary_rows(self) -> list[tuple[str, str]]:
+        """The table under the verdict: short cells (card_verdict.CELL_WORDS); what needs more words is in notes()."""
         p, rec, r = self.probe, self.recommended, self.recommended["row"]
         f = self.bench["figures"]
         io_syn_full = " / ".join(_band(f[m]) if m in f else "-" for m in bench.MEASURES)
-        b = self.ddp["bandwidth"]
-        preds = " / ".join(_ends(x) for x in self.ddp["rows"])
-        gpus = "/".join(str(x["gpus"]) for x in self.ddp["rows"])
         largest = self.memory["largest_batch"]
+        alone = self.ddp.get("one_process") or {"why": "not measured"}
         return [
-            ("model", f"{self.specs.get('model') or self.name}: {p['params']:,} parameters; input {p['input']}, "
-                      f"target {p['target']} -> output {p['output']}; loss {self.specs['loss'] or self.specs['loss_rule']}"),
-            ("batches", f"{p['source']}; batch {p['batch']}"),
+            ("model", f"{self.specs.get('model') or self.name}: {p['params']:,} parameters; input {p['input']} -> "
+                      f"output {p['output']}"),
+            ("batches", f"{p['source']}; batch {p['batch']}; target {p['target']}; loss "
+                        f"{self.specs['loss'] or self.specs['loss_rule']}"),
             ("IO / SYNTHETIC / FULL (fp32, samples/s)", io_syn_full),
             ("what bounds the step", self.bound_line()),
-            ("FLOPs per sample: forward / training step", flops_line(p)),
+            ("FLOPs per sample: forward / training step", _flops_cells(p)),
             ("recommended", self.recommended_line()),
             ("peak memory (recommended, batch %d)" % p["batch"], f"{fmt(r.get('peak_mb'), ',.0f', 'n/a on a CPU')}"
-                                                                 + (" MB" if r.get("peak_mb") else "")),
+                                                                 + (" MiB" if r.get("peak_mb") else "")),
             ("largest batch that fits", f"{largest:,} ({self.memory['why']})" if largest else self.memory["why"]),
             ("gradients all-reduced per step", f"{_mb(p['grad_bytes'])} (fp32)"),
-            ("all-reduce bus bandwidth", f"{b['bus_gb_s']:.2f} GB/s between {b['where']}, messages of {_mb(b['nbytes'])}"),
-            ("DDP in one process (its own cost)", one_process_line(self.ddp.get("one_process") or {"why": "not measured"},
-                                                                   rec.get("changes"))),
-            (f"DDP efficiency predicted on {gpus} {_units(p)}", f"{preds} (from: nothing overlaps, to: the all-reduce "
-                                                          "hides behind the backward pass" +
-             ("; each rank's step as DDP's in one process" if (self.ddp.get("one_process") or {}).get("why") is None
-              else "; DDP's own cost left out") + ")" + _overlap_note(rec.get("changes") or {}) + _floor_note(p, b)),
+            ("all-reduce bus bandwidth", card_verdict.bandwidth_cell(self)),
+            ("DDP in one process (its own cost)", one_process_line(alone)),
+            (f"DDP efficiency predicted ({_units(p)})", card_verdict.predicted_cell(self)),
             ("DDP efficiency measured", measured_line(self.ddp.get("measured") or {"why": "not measured"},
                                                       self.ddp["rows"])),
             ("training job", self.job.get("path") or self.job["why"]),
         ]
 
     def recommended_line(self) -> str:
-        """The recommended rung, what it changes from fp32 and its figures; beside a faster rung, the two bands that
-        overlap; and the changes below it that gained nothing, which it keeps (the rungs stack)."""
+        """The recommended rung, what it changes from fp32 and its figures (the rest is in notes())."""
         rec, r = self.recommended, self.recommended["row"]
         changes = " ".join(f"{k}={_word(v)}" for k, v in rec["changes"].items()) or "the fp32 baseline as it is"
-        ref = self.mfu_of_reference(r)
-        mfu = (f", MFU {100 * r['mfu']:.1f}% of its precision's peak, {100 * ref:.1f}% of bf16's" if r.get("mfu") and ref
-               else ", MFU n/a (no datasheet peak for this device)")
-        line = f"{rec['rung']}: {changes} -> {r['img_s']:,.1f} samples/s, x{r['speedup']:.2f} fp32{mfu}"
+        return f"{rec['rung']}: {changes} -> {r['img_s']:,.1f} samples/s, x{r['speedup']:.2f} fp32"
+
+    def notes(self) -> list[str]:
+        """What the short cells leave out: how the FLOPs were counted, the recommendation against the fastest rung and
+        the changes it keeps, what DDP's own cost is, which end of the prediction applies, the formula."""
+        rec, r, p = self.recommended, self.recommended["row"], self.probe
+        out = [f"FLOPs: {p['flops_how']}."] if p.get("flops_how") else []
         if rec["fastest"] != rec["rung"]:
             best = next(x for x in self.rows if x["rung"] == rec["fastest"])
             said = noise.compare(ladder.figure(r), ladder.figure(best))
-            line += f" (against the fastest, {rec['fastest']}: {said}, {said.words()})"
+            out.append(f"The recommendation against the fastest rung, {rec['fastest']}: {said}, {said.words()}.")
         kept = self.kept_without_gain()
         if kept:
-            line += ("; the rungs stack, so it carries its change and every change below it, among them these, which "
-                     "gained nothing beyond noise where they were added: " +
-                     ", ".join(f"{k} ({self.verdicts[k]})" for k in kept))
-        return line
+            out.append("The rungs stack, so the recommendation carries every change below it, among them these, which "
+                       "gained nothing beyond noise where they were added: " +
+                       ", ".join(f"{k} ({self.verdicts[k]})" for k in kept) + ".")
+        alone = self.ddp.get("one_process") or {"why": "not measured"}
+        if alone.get("why") is None:
+            out.append(f"DDP in one process: what {ddp_work(rec.get('changes') or {})} every rank before any byte "
+                       "travels to another.")
+        out.append("The predicted range runs from nothing overlapping to the all-reduce hidden behind the backward "
+                   "pass" + ("; each rank's step is DDP's in one process" if alone.get("why") is None
+                             else "; DDP's own cost is left out") + _overlap_note(rec.get("changes") or {})
+                   + _floor_note(p, self.ddp["bandwidth"]) + ".")
+        out.append(card_verdict.formula(self))
+        flagged = measured_flag(self.ddp.get("measured") or {}, self.ddp["rows"])
+        return out + ([flagged] if flagged else [])
 
     def kept_without_gain(self) -> list[str]:
         """The measured rungs up to the recommended one (their changes stack in it) that were not faster than the row
@@ -115,7 +123,7 @@ class Card:
 
     def rung_table(self) -> str:
         head = ["rung", "change", "samples/s (band)", "x fp32", "against the row it changes", "step ms",
-                "peak MB", "MFU (its precision)", "MFU (bf16 peak)", "compile s"]
+                "peak MiB", "MFU (its precision)", "MFU (bf16 peak)", "compile s", "what caps it"]
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in self.rows:
             if r["skipped"]:
@@ -126,7 +134,7 @@ class Card:
                 cells = [r["rung"], r["change"], noise.shown(fig),
                          fmt(r.get("speedup"), ".2f"), self.verdicts.get(r["rung"], "-"), f"{r['step_ms']:.2f}",
                          fmt(r["peak_mb"], ",.0f"), _pct(r["mfu"]), _pct(self.mfu_of_reference(r)),
-                         fmt(r["compile_s"], ".1f", "-")]
+                         fmt(r["compile_s"], ".1f", "-"), card_input.cap_cell(r)]
             lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
         return "\n".join(lines)
 
@@ -134,6 +142,10 @@ class Card:
         """A rung's MFU against one peak for every rung, the card's bf16 dense peak, so that rungs compare."""
         ref, flops_per_sample = (peaks.dense_peaks(self.device) or {}).get("bf16"), self.probe.get("flops_per_sample")
         return r["img_s"] * flops_per_sample / (ref * 1e12) if ref and flops_per_sample and r.get("img_s") else None
+
+    def precision_of(self, r: dict) -> str | None:
+        """The precision a measured rung ran at (the peak its own MFU is against)."""
+        return _precision(r, peaks.dense_peaks(self.device) or {}, self.probe)
 
     def peaks_note(self) -> str:
         """The peaks the two MFU columns divide by, and where they come from."""
@@ -155,7 +167,9 @@ class Card:
                 f"of their ratio excludes 1 and, between two runs, by more than {100 * noise.FLOOR:.0f}%. Recommended is "
                 f"the earliest rung not slower than the fastest. Measured in {self.wall_s:.0f} s"
                 + self.phases() + ".")
-        return "\n".join([head, "", *rows, "", self.rung_table(), "", note, "", self.peaks_note()])
+        notes = [x for n in self.notes() for x in ("", n)]
+        return "\n".join([head, "", *card_verdict.lines(self), "", *rows, "", self.rung_table(), "", note, "",
+                          self.peaks_note(), *notes])
 
     def phases(self) -> str:
         """Where the card's seconds went: ': the rungs 120 s, the largest-batch search 9.4 s, measuring DDP 80 s'
@@ -208,25 +222,33 @@ def measured_line(measured: dict, predicted: list[dict]) -> str:
     n, unit = measured["gpus"], measured.get("unit", "GPUs")
     pred = next((p for p in predicted if p["gpus"] == n), None)
     beside = f"; predicted {_ends(pred)}" if pred else ""
-    if pred and round(measured["efficiency"], 2) < round(pred["efficiency_exposed"], 2):
-        beside += (": measured below the range. The prediction leaves out what it does not model: communication and "
-                   "compute slowing each other on the GPU, and ranks waiting for the slowest one")
-    elif pred and round(measured["efficiency"], 2) > round(pred["efficiency_hidden"], 2):
-        beside += ": measured above the range; the step and the bandwidth it was predicted from were measured in other runs"
     return (f"{measured['efficiency']:.2f} on {n} {unit} ({measured['ddp_samples_s']:,.1f} samples/s against "
             f"{n} x {measured['one_gpu_samples_s']:,.1f} on 1){beside}")
 
 
-def one_process_line(alone: dict, changes: dict | None = None) -> str:
-    """The card's row "DDP in one process": the recommendation (its `changes` from fp32) as DDP with no other rank
-    (card_ddp.one_process) against the recommendation, or why it was not measured."""
+def measured_flag(measured: dict, predicted: list[dict]) -> str | None:
+    """A note where the measured efficiency lies outside the range predicted for the same GPU count."""
+    pred = next((p for p in predicted if p["gpus"] == measured.get("gpus")), None)
+    if measured.get("why") or not pred or measured.get("efficiency") is None:
+        return None
+    if round(measured["efficiency"], 2) < round(pred["efficiency_exposed"], 2):
+        return ("DDP measured below the predicted range. The prediction leaves out what it does not model: "
+                "communication and compute slowing each other on the GPU, and ranks waiting for the slowest one.")
+    if round(measured["efficiency"], 2) > round(pred["efficiency_hidden"], 2):
+        return ("DDP measured above the predicted range: the step and the bandwidth it was predicted from were "
+                "measured in other runs.")
+    return None
+
+
+def one_process_line(alone: dict) -> str:
+    """The card's row "DDP in one process": the recommendation as DDP with no other rank (card_ddp.one_process)
+    against the recommendation, or why it was not measured (what it costs is a note: ddp_work)."""
     if alone.get("why"):
-        return alone["why"] + "; the prediction below leaves DDP's own cost out"
+        return alone["why"]
     r = alone["row"]
-    words = {"<": "slower", "≈": "within noise", ">": "faster: the prediction counts it as no cost",
+    words = {"<": "slower", "≈": "within noise", ">": "faster: counted as no cost",
              "?": "not settled"}[alone["relation"]]
-    return (f"x{alone['factor']:.2f} of the recommendation ({words}): {r['img_s']:,.1f} samples/s, step "
-            f"{alone['step_ms']:.2f} ms; what {ddp_work(changes or {})} every rank before any byte travels to another")
+    return f"x{alone['factor']:.2f} of the recommendation ({words}): {r['img_s']:,.1f} samples/s, step {alone['step_ms']:.2f} ms"
 
 
 def ddp_work(changes: dict) -> str:
@@ -274,14 +296,6 @@ def _word(v) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def flops_line(p: dict) -> str:
-    """The probe's forward and training-step FLOPs per sample and how the step's were counted (flops.py's rule); a
-    card stored before the forward was counted prints its step alone."""
-    if not p.get("flops_forward"):
-        return _flops(p["flops_per_sample"])
-    return f"{flops.short(p['flops_forward'])} / {flops.short(p['flops_per_sample'])}: {p['flops_how']}"
-
-
 def _pct(v: float | None) -> str:
     return fmt(v and 100 * v, ".1f") + ("%" if v else "")
 
@@ -292,8 +306,18 @@ def _precision(r: dict, table: dict, probe: dict) -> str | None:
         return None
     if r.get("precision"):
         return r["precision"]
+    if not table:
+        return None
     peak = r["img_s"] * probe["flops_per_sample"] / r["mfu"] / 1e12
     return min(table, key=lambda p: abs(table[p] - peak))
+
+
+def _flops_cells(p: dict) -> str:
+    """Forward / training step FLOPs per sample (how they were counted is a note); a card stored before the forward
+    was counted: its step alone."""
+    if not p.get("flops_forward"):
+        return _flops(p["flops_per_sample"])
+    return f"{flops.short(p['flops_forward'])} / {flops.short(p['flops_per_sample'])}"
 
 
 def _flops(v: float | None) -> str:
@@ -366,5 +390,5 @@ def _floor_note(probe: dict, bandwidth: dict) -> str:
                 "which a card made on a GPU node predicts")
     if bandwidth.get("backend") != "gloo":
         return ""
-    return ("; at the CPU floor above: GPUs joined by NVLink or PCIe all-reduce many times faster, so their "
-            "efficiency is likely far higher; on a node with 2 or more GPUs the card times their own link")
+    return ("; at the CPU floor above: GPUs joined by NVLink or PCIe all-reduce many times faster; on a node with 2 "
+            "or more GPUs the card times their own link")
