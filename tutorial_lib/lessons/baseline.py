@@ -12,7 +12,7 @@ The same fp32 step (configs/baseline.yaml: CIFAR-stem ResNet-18, batch 256, TF32
     off keeps their untuned algorithms: the last figure shows what that costs;
   - in the engine for 60 steps (notebook 02's unprofiled run), for 150 timed steps without TensorBoard
     (notebook 04's fp32 rung) and for the baseline's 1,500 steps (notebook 01), the last in windows of 100
-    steps beside the GPU's clock, power and temperature (nvidia-smi, once a second), to see whether a long run
+    steps beside the GPU's clock, power and temperature (NVML, once a second), to see whether a long run
     slows down as the card heats up.
 """
 from __future__ import annotations
@@ -20,48 +20,15 @@ from __future__ import annotations
 import contextlib
 import io
 import multiprocessing
-import shutil
 import statistics
-import subprocess
-import threading
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from .. import data, engine, models
+from .. import data, engine, models, nvml
 from ..config import ROOT, TrainConfig, load
-
-QUERY = "clocks.sm,power.draw,temperature.gpu"
-
-
-class GpuSampler:
-    """nvidia-smi's SM clock (MHz), power (W) and temperature (C) once a second while in use (none without it)."""
-
-    def __init__(self, every_s: float = 1.0):
-        self.every_s, self.samples, self._stop = every_s, [], threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                out = subprocess.run(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-i", "0"],
-                                     capture_output=True, text=True, timeout=5).stdout
-                self.samples.append((time.perf_counter(), *[float(v) for v in out.strip().split(",")]))
-            except (OSError, ValueError, subprocess.TimeoutExpired):
-                return
-            self._stop.wait(self.every_s)
-
-    def __enter__(self):
-        if shutil.which("nvidia-smi"):
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
 
 
 def by_hand(cfg: TrainConfig, benchmark: bool, steps: int) -> float:
@@ -124,16 +91,15 @@ def study(size, out: Path) -> dict[str, dict]:
             "engine_rung": base.replace(steps=rung, timing_warmup=warm, optimizer_impl="foreach"),
             "engine_long": base.replace(steps=long_, timing_warmup=warm, tensorboard=True)}
     for name, cfg in runs.items():
-        with GpuSampler() as gpu:
+        with nvml.Sampler([0], every_s=1.0) as gpu:  # NVML's GPU 0, once a second
             t0 = time.perf_counter()
             got = engine_run(cfg.replace(out_dir=str(out / name)),
                              window if name == "engine_long" else size.pick(2, 10))
         figures.update({f"{name}_{k}": v for k, v in got.items() if k != "device"})
         figures["device"] = got["device"]
-        if gpu.samples:  # the clock, power and temperature over the run: first and last tenth of it
-            tenth = max(1, len(gpu.samples) // 10)
-            for part, samples in (("start", gpu.samples[:tenth]), ("end", gpu.samples[-tenth:])):
-                for i, what in enumerate(("sm_clock_mhz", "power_w", "temperature_c"), start=1):
-                    figures[f"{name}_{part}_{what}"] = statistics.median(s[i] for s in samples)
+        # the clock, power and temperature over the run: its first and last tenth
+        figures.update({f"{name}_{k}": v for k, v in nvml.start_and_end(gpu.samples).items()})
+        if gpu.note and got["device"].startswith("cuda"):
+            figures[f"{name}_gpu_note"] = gpu.note  # a GPU run without NVML: no clock, power or temperature
         figures[f"{name}_wall_s"] = time.perf_counter() - t0
     return {"01_baseline_check": figures}

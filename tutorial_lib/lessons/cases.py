@@ -8,7 +8,7 @@ Cases run one at a time, each with the node to itself (a baseline shares nothing
 output appended to one log, its result.json read back into a record. A study gives the runner a time budget:
 a case whose estimate no longer fits is skipped, and its record says so. With a Selection (`python -m
 tutorial_lib study NAME --only CASE,...`) only the cases named run; every other case keeps its record from the
-existing reference record, if that record ran the configuration the study asks for now. On a GPU node an nvidia-smi monitor
+existing reference record, if that record ran the configuration the study asks for now. On a GPU node NVML (tutorial_lib.nvml)
 samples each case's GPUs (utilisation over every sample of the timed window, memory in MiB). Efficiency is
 never computed here: the studies call tl.scaling.efficiency on the records' results.
 """
@@ -26,8 +26,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import engine, trace_summary
+from .. import engine, nvml, trace_summary
 from ..config import TrainConfig, UserError, given_gpus, usable_cpus
+from ..nvml import window_figures
 from ..values import count
 
 KEEP = ("config", "device", "world_size", "steps", "global_batch", "throughput_img_s", "step_time_ms",
@@ -230,45 +231,18 @@ def line(rec: dict) -> str:
 
 
 class Monitor:
-    """nvidia-smi every 200 ms on GPUs 0..gpus-1 while a case runs. stop() keeps the samples of the timed
-    window (the `seconds` before the result was written): the mean utilisation over every one of them (a
-    sample at 0% counts) and the most memory used, in MiB as nvidia-smi reports it."""
-
-    ROW = re.compile(r"^\s*(\d+),\s*(\d+(?:\.\d+)?),\s*(\d+(?:\.\d+)?)\s*$")
+    """NVML's figures of GPUs 0..gpus-1 every 200 ms while a case runs (nvml.Sampler). stop() keeps the samples of
+    the timed window (the `seconds` before the result was written): the mean utilisation over every one of them
+    (a sample at 0% counts) and the most memory used, in MiB; without NVML, a note saying why."""
 
     def __init__(self, gpus: int):
-        self.gpus, self.samples, self.proc = gpus, [], None
-        if shutil.which("nvidia-smi"):
-            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
-                                          "--format=csv,noheader,nounits", "-lms", "200"],
-                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for text in self.proc.stdout:
-            m = self.ROW.match(text)
-            if m:
-                self.samples.append((time.time(), int(m[1]), float(m[2]), float(m[3])))
+        self.gpus, self.sampler = gpus, nvml.Sampler(range(gpus), every_s=0.2).start()
 
     def stop(self, end: float | None, seconds: float | None) -> dict:
-        if self.proc is None:
-            return {}
-        self.proc.terminate()
-        self.proc.wait()
-        return window_figures(self.samples, self.gpus, end, seconds)
-
-
-def window_figures(samples: list, gpus: int, end: float | None, seconds: float | None) -> dict:
-    """Per GPU: mean utilisation (%) over every sample in [end - seconds, end], and the peak memory (MiB)."""
-    if end is None or not seconds:
-        return {}
-    inside = [s for s in samples if end - seconds <= s[0] <= end and s[1] < gpus]
-    by_gpu = {i: [s for s in inside if s[1] == i] for i in range(gpus)}
-    if not all(by_gpu.values()):
-        return {"note": f"fewer than one sample per GPU in the {seconds:.1f} s timed window"}
-    return {"util_pct": [round(sum(s[2] for s in v) / len(v), 1) for v in by_gpu.values()],
-            "mem_used_mib": [max(s[3] for s in v) for v in by_gpu.values()],
-            "samples_per_gpu": min(len(v) for v in by_gpu.values())}
+        samples = self.sampler.stop()
+        if self.sampler.note:
+            return {"note": self.sampler.note}
+        return window_figures(samples, self.gpus, end, seconds)
 
 
 def trace_figures(run_dir: str | os.PathLike) -> dict:
