@@ -120,7 +120,8 @@ def test_a_step_that_waited_most_of_its_time_for_data_is_not_compute_bound():
                "full": windows("full", 39.5, 38.5, 40.5)}
     assert bench.bound(figures, "cpu") == "step"
     kind, text = bench.verdict(figures, TrainConfig(), "cpu", waited=0.61)
-    assert kind == "input" and "compute" not in text and "waited 61%" in text, text
+    assert kind == "input" and "compute" not in text and text.startswith("input-bound: waited for data 61% of the time"), text
+    assert all(len(x) <= 80 for x in text.splitlines())
 
 
 def test_bursts_are_named_by_the_spread_and_judged_by_the_rule():

@@ -226,10 +226,10 @@ def bound(figures: dict, device_type: str = "cuda", waited: float | None = None,
     """What bounds the run, by the rule (noise.compare of the measures' means, `_cmp`):
     "disagrees" when FULL is faster than IO or SYNTHETIC (a loop can't outrun its parts);
     "input" when IO is slower than SYNTHETIC, or FULL waited for data `waited` >= WAITED of its time;
-    "bursts" (input-bound in bursts) when IO keeps up on average, its slowest window is below SYNTHETIC, and
-    FULL is slower than SYNTHETIC; "contended" when FULL is slower than SYNTHETIC although IO keeps up in every
+    "bursts" (input-bound in bursts) when IO keeps up on average but its slowest window, as a single figure, is
+    slower than SYNTHETIC, and FULL is slower than SYNTHETIC; "contended" when FULL is slower than SYNTHETIC although IO keeps up in every
     window; "balanced" when FULL reaches SYNTHETIC and IO is within noise of it; "step" when FULL reaches
-    SYNTHETIC and IO is faster: the step is the limit. That is all the bench can tell; "launch" or "compute" only
+    SYNTHETIC otherwise (IO faster, or too bursty to settle on average: FULL's pace says the step is the limit). That is all the bench can tell; "launch" or "compute" only
     with evidence of a GPU's trace: `idle`, the share of the step the GPU sat idle (>= 0.3: launch, else
     compute); a CPU launches no kernels. "not settled" where a comparison that decides is not settled."""
     if "io" not in figures or "synthetic" not in figures:
@@ -243,12 +243,13 @@ def bound(figures: dict, device_type: str = "cuda", waited: float | None = None,
     if full is None:
         return {"higher": "step", "equal": "balanced"}.get(io_vs, "not settled")
     full_vs = _cmp(full, syn).verdict
-    if full_vs == "lower":
-        return "bursts" if io_.img_s_low < syn.img_s else "contended"
-    if full_vs == "not settled" or io_vs == "not settled":
+    if full_vs == "lower":  # IO keeps up on average; its slowest window, judged as one figure, may not
+        dips = noise.compare(noise.Figure.of(io_.img_s_low), figure(syn)).verdict == "lower"
+        return "bursts" if dips else "contended"
+    if full_vs == "not settled":
         return "not settled"
     if io_vs == "equal":
-        return "balanced"
+        return "balanced"  # FULL reaches SYNTHETIC, and IO delivers no more: both sides are the limit
     if device_type == "cuda" and idle is not None:
         return "launch" if idle >= 0.3 else "compute"
     return "step"
@@ -290,8 +291,9 @@ def verdict(figures: dict, cfg: TrainConfig, device_type: str, waited: float | N
     interval; then the knob to turn next. The figures and their windows are in the bench's record."""
     kind = bound(figures, device_type, waited, idle)
     head = f"{LABELS[kind]}: {behind(figures, kind)}"
-    if kind == "input" and (waited or 0) >= WAITED and _cmp(figures["io"], figures["synthetic"]).verdict != "lower":
-        head += f", FULL waited {100 * waited:.0f}% of its time"
+    if kind == "input" and _cmp(figures["io"], figures["synthetic"]).verdict != "lower":  # decided by the wait
+        ratio = f", {behind(figures, 'bursts')}" if "full" in figures else ""
+        head = f"{LABELS[kind]}: waited for data {100 * waited:.0f}% of the time{ratio}"
     knob = {"input": input_knob, "bursts": burst_knob, "step": compute_knob, "compute": compute_knob,
             "launch": launch_knob, "contended": _contention_hint, "balanced": input_knob}.get(kind)
     if kind == "disagrees":
@@ -334,11 +336,11 @@ def input_knob(cfg: TrainConfig, device_type: str) -> str:
         knobs.append(f"loader=gpu_resident ({dataset_mb(cfg):,.0f} MiB of images)")
     workers, in_job = cfg.workers(), bool(os.environ.get("SLURM_CPUS_PER_TASK"))
     if workers < cpus - 1:
-        knobs.append(f"raise num_workers (now {workers}; {count(cpus, 'CPU')} " + ("per task)" if in_job else "here)"))
+        knobs.append(f"num_workers above {workers} ({count(cpus, 'CPU')}" + (" per task)" if in_job and not knobs else ")"))
     elif in_job or knobs:
-        knobs.append(f"more CPUs ({workers} workers on {cpus})")
+        knobs.append(f"more CPUs ({count(workers, 'worker')} on {cpus})")
     else:
-        knobs.append(f"more CPUs (Slurm: --cpus-per-task; {workers} workers use the {cpus} here)")
+        knobs.append(f"more CPUs (Slurm: --cpus-per-task; {count(workers, 'worker')} on {cpus})")
     return " or ".join(knobs)
 
 
@@ -383,13 +385,15 @@ def _graphs_or_batch(cfg: TrainConfig) -> str:
     still launches every kernel, and on an H200 at batch 256 it made the bf16 step slower than eager."""
     if cfg.cuda_graph or (cfg.compile and cfg.compile_mode == "reduce-overhead"):
         return f"a larger batch_size (now {cfg.batch_size}), then more GPUs (notebooks 05, 06)"
-    return f"cuda_graph=true (one launch a step) or a larger batch_size (now {cfg.batch_size}) (notebook 04)"
+    return f"cuda_graph=true (one launch a step) or a larger batch_size (now {cfg.batch_size})"
 
 
 def _contention_hint(cfg: TrainConfig, device_type: str) -> str:
     """What to change when FULL is below both of its parts: the input and the step slow each other."""
     if device_type != "cuda":
-        return "fewer workers: on a CPU the loading and the step share the cores"
+        return CPU_LIMIT  # the loading shares the step's cores; fewer than one worker is none
+    if cfg.loader == "gpu_resident":
+        return _graphs_or_batch(cfg)  # no loader: the host thread that runs the loop launches the input's work too
     cpus = usable_cpus()
     if cfg.loader != "gpu_resident" and cfg.workers() >= cpus - 1:
         return f"fewer workers: {count(cfg.workers(), 'worker')} and the loop share {cpus} CPUs"

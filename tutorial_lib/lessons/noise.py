@@ -137,13 +137,14 @@ class Ratio:
     def __str__(self) -> str:
         """'x1.96 (1.63-2.36)'; a ratio without an interval of its own: 'x1.96'."""
         if self.low == self.high == self.value:
-            return f"x{self.value:.2f}"
-        for digits in (2, 3, 4):  # the ends rounded inward, so that the printed interval excludes 1 when this one does
-            scale = 10 ** digits
+            return f"x{self.value:.{max(2, 1 - math.floor(math.log10(self.value))) if self.value > 0 else 2}f}"
+        first = max(2, 1 - math.floor(math.log10(self.value))) if self.value > 0 else 2  # 2 significant digits
+        for digits in (first, first + 1, first + 2):  # the ends rounded inward: the printed interval excludes 1
+            scale = 10 ** digits  # when this one does
             lo, hi = math.ceil(self.low * scale - 1e-9) / scale, math.floor(self.high * scale + 1e-9) / scale
             if lo <= hi and (self.verdict != "higher" or lo > 1) and (self.verdict != "lower" or hi < 1):
                 break
-        return f"x{self.value:.2f} ({lo:.{digits}f}-{hi:.{digits}f})"
+        return f"x{self.value:.{first}f} ({lo:.{digits}f}-{hi:.{digits}f})"
 
     def words(self, up: str = "faster", down: str = "slower") -> str:
         """The verdict in words: `up`, `down`, 'within noise' or 'not settled: N more windows would decide'."""
