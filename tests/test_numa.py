@@ -220,8 +220,8 @@ def test_a_renamed_keyword_falls_back_to_the_workbooks_binder_and_says_so(tmp_pa
     assert numa.main(["--torchrun-flag", "node"]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines() == ["--no-python", sys.executable, "-m", "tutorial_lib.numa", "--exec-bound", sys.executable]
-    assert err.startswith("CPU binding: the workbook's binder (python -m tutorial_lib.numa --exec-bound) (torchrun "
-                          "can't: torch ") and err.count("\n") == 1
+    assert err.startswith("CPU binding: the workbook's binder, python -m tutorial_lib.numa --exec-bound, as torchrun "
+                          "can't bind here (torch ") and err.count("\n") == 1
     assert "_get_validated_logical_cpus_to_bind_to(accelerator_index, numa_options) is not a signature" in err
     assert err.endswith(": local rank 0 on CPUs 0; local rank 1 on CPUs 1\n")
     assert numa.main(["--torchrun-flag", "exclusive", "--no-python"]) == 0  # a program that is not python's arguments

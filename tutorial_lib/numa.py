@@ -269,7 +269,7 @@ def own_plan(mode: str, gpus: int, environ=os.environ, timeout: float = 30):
             return None, (f"GPU {gpu} is not in this node's topology (nvidia-smi topo -m)" if place is None else
                           f"none of the job's CPUs is near GPU {gpu} (NUMA node {place.numa_node})")
         plan[rank] = cpus
-    return plan, "the workbook's binder (python -m tutorial_lib.numa --exec-bound)"
+    return plan, "the workbook's binder, python -m tutorial_lib.numa --exec-bound"
 
 
 def plan_text(plan: dict) -> str:
@@ -298,7 +298,7 @@ def torchrun_binding(mode: str, python: bool = True) -> tuple[list | None, str]:
         return None, f"torchrun can't bind ({how}), nor the workbook's binder ({why_not})"
     words = ["--no-python", sys.executable, "-m", "tutorial_lib.numa", "--exec-bound"]
     words += (["--exclusive"] if mode == "exclusive" else []) + ([sys.executable] if python else [])
-    return words, f"{why_not} (torchrun can't: {how}): {plan_text(ours)}"
+    return words, f"{why_not}, as torchrun can't bind here ({how}): {plan_text(ours)}"
 
 
 USAGE = ("usage: python -m tutorial_lib.numa --torchrun-flag node|socket|exclusive|core-complex [--no-python]\n"
