@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import allreduce, bench, card_ddp, card_input, ladder, noise, size as size_switch
+from . import allreduce, bench, card_ddp, card_decide, card_input, ladder, noise, size as size_switch
 from .card_report import Card, write_job
 from .. import engine, flops, oom, ownmodel, sites
 from ..config import TrainConfig, UserError, load
@@ -84,7 +84,8 @@ def card(model: Any, batch: Any = None, loss: Any = None, *, small: bool | None 
     say(bench_result.summary().replace("img/s", "samples/s"))
     plan = rung_plan(cfg, probe, opts.get("rungs"), opts.get("compile_on_cpu", False))
     rows = measure_rungs(parts, plan, sizes, say, card_input.resident_parts(parts, cfg))
-    rec = recommend(rows, plan)
+    rec = card_decide.recommendation(rows, plan, recommend(rows, plan), lambda c: measure_rung(
+        parts, card_decide.RECOMMENDED, timed(c, sizes)), SPEED_KEYS)  # without what measured slower, measured
     memory = largest_batch(parts, rec["config"], probe, sizes.batch_cap)
     alone = card_ddp.one_process(lambda c: measure_rung(parts, card_ddp.ONE_PROCESS, timed(c, sizes)), rec)
     ddp = predict_ddp(probe, rec["row"], alone, opts.get("site"))
@@ -302,11 +303,13 @@ def measure_rungs(parts: ownmodel.Parts, plan: list[tuple], sizes: CardSizes, sa
     reason, and the rungs above it build on the last one that ran. A rung whose steps waited for batches is run
     again on one `resident` batch: the model alone (lessons.card_input)."""
     rows, start = [], time.perf_counter()
-    for rung, cfg, reason in plan:
+    for rung, planned, reason in plan:
         if reason is None and time.perf_counter() - start > sizes.budget_s:
             reason = f"the card's time budget ({sizes.budget_s:.0f} s) was spent"
-        cfg = timed(cfg, sizes)
+        cfg = timed(planned, sizes)
         row = ladder.skipped_row(rung, cfg, reason) if reason else measure_rung(parts, rung, cfg)
+        row = card_decide.settle(rows, row, lambda n: measure_rung(parts, rung, timed(  # noqa: B023 (called now)
+            planned, card_decide.sized(sizes, n))), start + sizes.budget_s)
         row = card_input.add_resident(row, resident and (lambda: measure_rung(
             resident, rung, cfg.replace(out_dir=f"{cfg.out_dir}_resident"))))
         rows.append({**row, "precision": cfg.precision})  # the peak its MFU is against (card_report.peaks_note)

@@ -94,6 +94,12 @@ class Card:
             best = next(x for x in self.rows if x["rung"] == rec["fastest"])
             said = noise.compare(ladder.figure(r), ladder.figure(best))
             out.append(f"The recommendation against the fastest rung, {rec['fastest']}: {said}, {said.words()}.")
+        if rec.get("dropped"):
+            out.append(f"Left out of the recommendation, measured slower than the row each changed: "
+                       f"{', '.join(rec['dropped'])}; the recommendation without them was trained and timed as such.")
+        if rec.get("kept_slower"):
+            out.append(f"Kept although measured slower: {', '.join(rec['kept_slower'])} ("
+                       f"{rec.get('why_kept') or 'the configuration above needs it'}).")
         kept = self.kept_without_gain()
         if kept:
             out.append("The rungs stack, so the recommendation carries every change below it, among them these, which "
@@ -118,7 +124,8 @@ class Card:
         rows = rows[:[x["rung"] for x in rows].index(upto) + 1]
         base = ladder.compared_with(self.rows)
         got = {x["rung"]: x for x in rows}
-        return [x["rung"] for x in rows if x["rung"] in base and base[x["rung"]] in got
+        left_out = self.recommended.get("dropped") or []
+        return [x["rung"] for x in rows if x["rung"] in base and base[x["rung"]] in got and x["rung"] not in left_out
                 and noise.relation(ladder.figure(x), ladder.figure(got[base[x["rung"]]])) != ">"]
 
     def rung_table(self) -> str:
