@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import feed_accuracies
 from tutorial_lib import data, engine, launcher
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,33 +148,25 @@ def test_ddp_stops_at_the_first_log_step_after_the_signal(tmp_path):
 
 
 # ================================================================ finished runs, and what a resumed run keeps
-EARLY = dict(steps=24, eval_every=2, val_size=64, ckpt_every=2)
+EARLY = dict(steps=12, eval_every=1, ckpt_every=12)  # a validation pass after every step, a checkpoint at the end
+# The validation accuracies the runs below are fed, one a pass: where a tiny run's own accuracies go depends on the
+# CPU (its kernels, its threads), so a test of stopping feeds the history it needs
+FED = [0.10, 0.20, 0.15, 0.18, 0.20, 0.25, 0.30, 0.10, 0.10, 0.10, 0.10, 0.10]
+STOPS = [(dict(patience=3), 5, "patience"),  # the passes at steps 3, 4, 5 find nothing above 0.20 (equal is not better)
+         (dict(target_accuracy=0.25), 6, "target_accuracy"),  # the first pass at the target, reached exactly
+         (dict(target_accuracy=0.3, patience=3), 5, "patience"),  # whichever comes first
+         (dict(patience=4), 11, "patience")]  # the best, 0.30 at step 7, then four passes without a better one
 
 
-def expected_stop(history: list, how: dict) -> int:
-    """Where a run with `how` must stop, read off the validation history of the same run without it: the first pass
-    at the target, or the first pass after which `patience` passes found nothing better than the best before them."""
-    accuracies = [acc for _, _, acc in history]
-    for i, (step, _, acc) in enumerate(history):
-        if "target_accuracy" in how and acc >= how["target_accuracy"]:
-            return step
-        seen, k = accuracies[:i + 1], how.get("patience")
-        if k and len(seen) > k and max(seen[-k:]) <= max(seen[:-k]):
-            return step
-    raise AssertionError(f"the tiny run never stops with {how}: {accuracies}")
-
-
-@pytest.mark.parametrize("how", [dict(target_accuracy=0.12), dict(patience=3)], ids=["target_accuracy", "patience"])
-def test_a_run_stopped_early_is_finished_and_keeps_its_result(tiny_cfg, tmp_path, capsys, how):
-    free = engine.train(tiny_cfg(**EARLY, out_dir=tmp_path / "free"))  # the same run, never stopped early
-    stop_step = expected_stop(free.val_history, how)
-    assert stop_step < EARLY["steps"], "the test needs a run that stops before its last step"
+@pytest.mark.parametrize("how, stop_step, why", STOPS,
+                         ids=["patience", "target_accuracy", "both", "patience_after_gain"])
+def test_a_run_stopped_early_is_finished_and_keeps_its_result(tiny_cfg, monkeypatch, capsys, how, stop_step, why):
+    fed = feed_accuracies(monkeypatch, FED)
     cfg = tiny_cfg(**EARLY, **how)
     first = engine.train(cfg)
-    why = next(iter(how))
-    assert first.steps == stop_step and first.stopped_by == why and first.val_history[-1][0] == stop_step
-    steps_and_accuracies = lambda h: [(step, acc) for step, _, acc in h]  # noqa: E731  (seconds differ)
-    assert steps_and_accuracies(first.val_history) == steps_and_accuracies(free.val_history)[:len(first.val_history)]
+    assert first.steps == stop_step and first.stopped_by == why, (first.steps, first.stopped_by)
+    assert [(step, acc) for step, _, acc in first.val_history] == list(enumerate(FED[:stop_step], 1))
+    assert first.val_accuracy == FED[stop_step - 1] and len(fed) == stop_step  # no pass after the stop
     assert "stopping" in capsys.readouterr().out
     saved = (Path(cfg.out_dir) / "result.json").read_bytes()
     for again in (cfg, cfg.replace(steps=40)):  # the same command, and a longer one: nothing more to train
@@ -181,6 +174,13 @@ def test_a_run_stopped_early_is_finished_and_keeps_its_result(tiny_cfg, tmp_path
         assert "holds a finished run" in capsys.readouterr().out
         assert kept.steps == stop_step and kept.val_history == first.val_history
         assert (Path(cfg.out_dir) / "result.json").read_bytes() == saved
+    assert len(fed) == stop_step  # a finished run validates nothing again
+
+
+def test_a_run_whose_accuracy_keeps_rising_runs_all_its_steps(tiny_cfg, monkeypatch):
+    feed_accuracies(monkeypatch, [0.1 + 0.05 * i for i in range(12)])
+    r = engine.train(tiny_cfg(**EARLY, patience=3, target_accuracy=0.9))
+    assert r.steps == EARLY["steps"] and r.stopped_by == "steps" and len(r.val_history) == 12
 
 
 def test_patience_is_checked_and_documented(tiny_cfg):
