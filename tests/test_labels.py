@@ -75,3 +75,38 @@ def test_exercises_are_found_with_their_answers():
 def test_every_exercise_has_an_answer(notebook):
     missing = [n for n, answered in exercises(notebook) if not answered]
     assert not missing, f"{notebook.name}: exercises {missing} have no collapsed answer (<details>)"
+
+
+def _markdown(stem: str) -> str:
+    cells = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text())["cells"]
+    return " ".join(" ".join("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
+
+
+IMAGENET_DECODED_GB = 1_281_167 * 224 * 224 * 3 / 1e9  # its training images at 224x224x3 bytes: 192.9 GB
+# (notebook, words that misled a learner, words that now stand in their place)
+MISLEADING = [
+    ("03_data_loading", "ImageNet is ~150 GB decoded", f"about {IMAGENET_DECODED_GB:.0f} GB decoded"),
+    ("03_data_loading", "a fraction of a percent of a ResNet-18 step", "by a few percent at most"),
+    ("03_data_loading", "within 5% of SYNTHETIC on your GPU", "With pinned memory and persistent workers"),
+    ("03_data_loading", "its pages stay resident", "A real epoch reads new data every step"),
+    ("02_profiling", "takes longer than the step itself", "even where one batch loads faster than one step"),
+    ("02_profiling", "ranked by **self** time (the time spent", "its percentage columns add up to more than 100%"),
+    ("02_profiling", "records every operator (with its", "torch.profiler does not sample"),
+    ("02_profiling", "the lines' host times then follow the GPU's work", "mostly waits out the kernels backward"),
+    ("01_single_gpu", "| throughput | `result.throughput_img_s`", "one update on one batch may lower the loss or raise it"),
+    ("01_single_gpu", "make warm on a node of this GPU type", "notebook 04 explains it"),
+]
+
+
+@pytest.mark.parametrize("notebook,wrong,right", MISLEADING, ids=lambda x: x[:30] if isinstance(x, str) else x)
+def test_what_misled_a_learner_is_gone_and_says_it_right(notebook, wrong, right):
+    text = _markdown(notebook)
+    assert wrong not in text, f"{notebook}: {wrong!r} misleads (see the words that replace it: {right!r})"
+    assert right in text, f"{notebook}: {right!r} is gone; say again what it said, or update MISLEADING"
+
+
+def test_notebook_01s_summary_prints_values():
+    cells = json.loads((ROOT / "notebooks" / "01_single_gpu.ipynb").read_text())["cells"]
+    at = next(i for i, c in enumerate(cells) if "".join(c["source"]).startswith("## Summary"))
+    code = "".join(cells[at + 1]["source"])
+    assert cells[at + 1]["cell_type"] == "code" and "result.throughput_img_s" in code and "MiB" in code
