@@ -69,7 +69,8 @@ def printed(cell: dict) -> str:
 def measure(nb: dict) -> dict:
     md = core_markdown(nb)
     longest = max(sentences(md), key=lambda s: len(s.split()), default="")
-    core_cells = [(i, printed(c)) for i, (c, core, _) in enumerate(_sections(nb)) if core and c["cell_type"] == "code"]
+    core_cells = [(i, printed(c)) for i, (c, core, _) in enumerate(_sections(nb))
+                  if core and c["cell_type"] == "code"]
     all_cells = [(i, printed(c)) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"]
     tallest = max(core_cells, key=lambda x: len(x[1].splitlines()), default=(None, ""))
     jobs = max(all_cells, key=lambda x: len(JOB_LINE.findall(x[1])), default=(None, ""))
@@ -141,3 +142,19 @@ def test_the_measures_see_what_a_learner_sees():
 
 if __name__ == "__main__":
     print(report(sys.argv[1:] or sorted((ROOT / "notebooks").glob("*.ipynb"))))
+
+
+# (notebook, what the cell that draws the picture calls) -> its committed output holds the picture
+PICTURES = [("01_single_gpu", "plt.semilogy(loss"), ("02_profiling", "profiled vs unprofiled step"),
+            ("03_data_loading", "tl.data_loading.plot_ladder("), ("03_data_loading", "tl.data_loading.plot_sweep(")]
+
+
+@pytest.mark.parametrize("stem,call", PICTURES, ids=[f"{s}-{c.split('(')[0][-14:]}" for s, c in PICTURES])
+def test_each_picture_is_in_the_committed_outputs(stem, call):
+    """01's loss on a log axis, 02's profiled vs unprofiled step as stacked bars, 03's ladder as a range plot
+    and its sweep: the cell that draws each one holds an image in the committed (CPU) outputs."""
+    cells = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text())["cells"]
+    drawing = [c for c in cells if c["cell_type"] == "code" and call in "".join(c["source"])]
+    assert drawing, f"{stem}: no cell calls {call!r} (the picture is gone?)"
+    assert any("image/png" in o.get("data", {}) for c in drawing for o in c.get("outputs", [])), (
+        f"{stem}: the cell calling {call!r} has no picture in its committed outputs: execute the notebook again")
