@@ -100,6 +100,11 @@ def restore(run, state: dict) -> None:
     """Everything a checkpoint holds, back into the engine.Run."""
     run.raw_model.load_state_dict(state["model"])
     run.opt.load_state_dict(state["optimizer"])
+    restore_progress(run, state)
+
+
+def restore_progress(run, state: dict) -> None:
+    """All but the weights and the optimizer state (a sharded model's come from its shards: sharding.py)."""
     run.sched.load_state_dict(state["scheduler"])
     run.scaler.load_state_dict(state["scaler"])
     torch.set_rng_state(state["rng_cpu"])

@@ -64,9 +64,9 @@ def mp_context():
 
 def check_world(parallel: str, world_size: int) -> None:
     """The one rule tying parallel= to the number of processes, for a run (engine) and a job (jobs)."""
-    if world_size > 1 and parallel != "ddp":
-        raise ConfigError(f"{world_size} processes were started but parallel={parallel!r}; add parallel=ddp so "
-                          "that they train together, or start one process")
+    if world_size > 1 and parallel not in ("ddp", "fsdp"):
+        raise ConfigError(f"{world_size} processes were started but parallel={parallel!r}; add parallel=ddp (or "
+                          "fsdp: the model sharded) so that they train together, or start one process")
     if world_size == 1 and parallel == "ddp":
         raise ConfigError("parallel='ddp' needs several processes but one was started; start N with "
                           "tl.launch(cfg, nproc=N), `torchrun --nproc_per_node=N` or a job with gpus_per_node=N, "
@@ -76,7 +76,7 @@ def check_world(parallel: str, world_size: int) -> None:
 DATASETS = ("shapes", "cifar10", "cifar100", "mnist", "imagefolder", "shapes_hard", "shapes_faint")
 MODELS = ("resnet18", "resnet18_imagenet", "mnist_cnn")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-PARALLEL = ("none", "dp", "ddp")
+PARALLEL = ("none", "dp", "ddp", "fsdp")
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adamw")
 OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")
@@ -86,10 +86,11 @@ LOADERS = ("dataloader", "prefetcher", "gpu_resident")
 DDP_COMPILE = ("split", "whole", "inner")
 DDP_SYNC = ("auto", "hooks", "flat", "buckets")
 GRAD_DTYPES = ("fp32", "bf16")
+ACTIVATION_CHECKPOINTING = ("none", "blocks")
 CHOICES = {"dataset": DATASETS, "model": MODELS, "precision": PRECISIONS, "parallel": PARALLEL, "device": DEVICES,
            "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "compile_mode": COMPILE_MODES, "loader": LOADERS,
            "optimizer_impl": OPTIMIZER_IMPLS, "ddp_compile": DDP_COMPILE, "ddp_sync": DDP_SYNC,
-           "ddp_grad_dtype": GRAD_DTYPES}
+           "ddp_grad_dtype": GRAD_DTYPES, "activation_checkpointing": ACTIVATION_CHECKPOINTING}
 
 
 @dataclass
@@ -120,7 +121,8 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model
     compile_mode: str = "default"  # reduce-overhead records CUDA graphs (removes kernel-launch cost)
     cuda_graph: bool = False  # record the whole step (forward, backward, all-reduce, optimizer) as one CUDA graph
-    parallel: str = "none"  # none, dp (nn.DataParallel in one process) or ddp (one process per device)
+    parallel: str = "none"  # none, dp (DataParallel, one process), ddp (one process per device), fsdp (ddp, sharded)
+    activation_checkpointing: str = "none"  # blocks: recompute each block's activations in the backward pass (less memory)
     dist_timeout_s: int = 300  # seconds a rank waits in a collective for the others before the run fails
     ddp_bucket_cap_mb: int = 25  # size of DDP's gradient buckets, each all-reduced as one message
     ddp_static_graph: bool = False  # tell DDP the graph never changes (skips per-step bookkeeping)
@@ -209,6 +211,7 @@ class TrainConfig:
         if self.cuda_graph:
             self.check_cuda_graph()
         self.check_buckets()
+        self.check_fsdp()
         if self.model == "mnist_cnn" and self.dataset not in ("mnist",):
             raise ConfigError(f"model='mnist_cnn' expects 1x28x28 images but dataset={self.dataset!r}; "
                               "use dataset=mnist, or model=resnet18 for 3x32x32 data")
@@ -223,8 +226,8 @@ class TrainConfig:
                               "use precision=bf16 (or fp32) on CPU")
         if self.precision == "tf32" and device_type != "cuda":
             raise ConfigError("precision='tf32' is a CUDA matmul mode; on CPU use precision=fp32 or bf16")
-        if self.parallel == "ddp" and not launched:
-            raise ConfigError("parallel='ddp' needs one process per device started by a launcher: "
+        if self.parallel in ("ddp", "fsdp") and not launched:
+            raise ConfigError(f"parallel={self.parallel!r} needs one process per device started by a launcher: "
                               "use tl.launch(cfg, nproc=N) from a notebook or "
                               "`torchrun --nproc_per_node=N -m tutorial_lib train ...` from a shell")
         if launched and world_size > 1:
@@ -260,6 +263,17 @@ class TrainConfig:
         if self.ddp_sync == "buckets" and not self.cuda_graph:
             raise ConfigError("ddp_sync=buckets is the whole-step CUDA graph's own bucketed all-reduce and needs "
                               "cuda_graph=true; without it use ddp_sync=hooks (DDP's buckets do the same)")
+
+    def check_fsdp(self) -> None:
+        """What parallel=fsdp does not do (tutorial_lib.sharding); each clash names the value and the way out."""
+        clash = [(self.precision == "fp16", "precision=fp16 (no GradScaler for sharded gradients here)",
+                  "precision=bf16"),
+                 (self.compile, "compile=true", "compile=false"),
+                 (self.cuda_graph, "cuda_graph=true", "cuda_graph=false"),
+                 (not self.grad_sync, "grad_sync=false (the shards are the gradients' only copy)", "grad_sync=true")]
+        for bad, what, fix in clash:
+            if bad and self.parallel == "fsdp":
+                raise ConfigError(f"parallel=fsdp does not work with {what}; use {fix}, or parallel=ddp")
 
     def workers(self) -> int:
         """DataLoader workers of this process: num_workers, or for auto the workbook's rule on its CPUs."""
@@ -326,7 +340,7 @@ RESUME_MAY_CHANGE = ("steps", "epochs", "data_dir", "out_dir", "resume", "ckpt_e
                      "prefetch_factor", "device", "dist_timeout_s", "cudnn_benchmark", "compile", "compile_mode",
                      "ddp_bucket_cap_mb", "ddp_static_graph", "ddp_gradient_as_bucket_view", "profile",
                      "profile_wait", "profile_warmup", "profile_active", "profile_repeat", "profile_memory",
-                     "profile_with_stack", "profile_record_shapes", "nvtx", "time_parts")
+                     "profile_with_stack", "profile_record_shapes", "nvtx", "time_parts", "activation_checkpointing")
 
 
 def resume_differences(saved: dict[str, Any], cfg: TrainConfig) -> list[str]:

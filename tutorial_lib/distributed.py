@@ -67,7 +67,7 @@ def _env_int(environ, name: str, default: int = 0) -> int:
 def check_launch(parallel: str, env: DistEnv) -> None:
     """Several processes by the launcher's variables but parallel is not ddp: started by a launcher, or variables
     left over in the shell (exported by hand, or by an earlier session) that say so wrongly."""
-    if env.launched and env.world_size > 1 and parallel != "ddp":
+    if env.launched and env.world_size > 1 and parallel not in ("ddp", "fsdp"):
         names = " ".join(word.split("=")[0] for word in env.source.split())
         raise ConfigError(f"{env.source} in the environment say this is one of {env.world_size} processes started "
                           f"together (by torchrun or srun), but parallel={parallel!r}: if a launcher started them, "
@@ -104,7 +104,7 @@ def setup(parallel: str, device: str = "auto", timeout_s: int = 300) -> DistEnv:
     env.device = pick_device(device, env.local_rank)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)
-    if parallel == "ddp" and env.launched:
+    if parallel in ("ddp", "fsdp") and env.launched:
         env.backend = "nccl" if env.device.type == "cuda" else "gloo"
         if not dist.is_initialized():
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -114,7 +114,16 @@ def setup(parallel: str, device: str = "auto", timeout_s: int = 300) -> DistEnv:
     return env
 
 
+_BEFORE_TEARDOWN: list = []  # what must end while the process group lives (sharding: a checkpoint being written)
+
+
+def before_teardown(fn) -> None:
+    _BEFORE_TEARDOWN.append(fn)
+
+
 def teardown(env: DistEnv) -> None:
+    while _BEFORE_TEARDOWN:
+        _BEFORE_TEARDOWN.pop()()
     if env.distributed and dist.is_initialized():
         dist.destroy_process_group()
 

@@ -22,7 +22,8 @@ from . import buckets, compilecache, data, distributed, lastwords, models, oom, 
 from .meters import COMPILE_WARMUP, LossLog, StepClock, check_timed, timing_fields, untimed_steps  # noqa: F401
 from .precision import (SkippedSteps, autocast, backend_flags, grad_scaler, set_cudnn_benchmark,  # noqa: F401
                         set_precision_flags)  # tl.engine.set_precision_flags: notebook 01
-from .checkpoint import OutDirLock, StopSignals, make_out_dir, resume, run_state, write_checkpoint
+from .checkpoint import OutDirLock, StopSignals, make_out_dir
+from .sharding import checkpoint_path, prepare, resume, save  # checkpoints, also of a sharded model; the model
 from .config import ConfigError, TrainConfig, UserError  # noqa: F401  (tl.engine.ConfigError)
 from .distributed import device_name  # tl.engine.device_name: notebooks 01-04
 from .history import History, check_eval_every, kept_result
@@ -110,6 +111,7 @@ class Run:
         cuts (torch._dynamo.config.optimize_ddp=False), one graph, the all-reduces after the backward pass.
         cuda_graph=true: no DDP module; the recorded step broadcasts the buffers and all-reduces the gradients."""
         cfg, env = self.cfg, self.env
+        net = prepare(net, cfg, env)  # activation_checkpointing; parallel=fsdp: sharded, and no wrapper
         self.ddp = None
         self.sync = cfg.sync_mode()  # none, hooks, flat or buckets: decided once, in the config
         self.buckets = None
@@ -254,7 +256,7 @@ class Run:
             self.save_checkpoint()
             distributed.barrier(env, "barrier after the checkpoint")  # no rank exits before rank 0 has saved
             log(env, f"stopped by {self.stop_signal or 'a stop request'}: checkpoint at step {self.step} in "
-                     f"{self.out / 'checkpoint.pt'}; run the same command again to continue")
+                     f"{checkpoint_path(self)}; run the same command again to continue")
             raise
 
     def loop(self, clock: StepClock) -> None:
@@ -400,7 +402,7 @@ class Run:
                 raise UserError(f"{e}. The checkpoint could not be saved either: the trained weights are lost; "
                                 "free space, then train again") from None
             raise UserError(f"{e}. The trained run is kept in its checkpoint at step {self.step} "
-                            f"({self.out / 'checkpoint.pt'}): once there is space, run the same command again: it "
+                            f"({checkpoint_path(self)}): once there is space, run the same command again: it "
                             "writes result.json, training nothing") from None
 
     def periodic_eval(self) -> bool:
@@ -450,18 +452,13 @@ class Run:
                     file=sys.stdout, dynamic_ncols=True)
 
     def save_checkpoint(self) -> None:
-        """Rank 0 writes checkpoint.pt: everything this run needs to continue (checkpoint.run_state)."""
-        if not self.env.is_main:
-            return
-        self.loss_log.ship(self.step)
-        self.loss_log.ready(wait=True)  # the checkpoint holds every loss so far (fit() has reported them)
-        write_checkpoint(run_state(self), self.out / "checkpoint.pt")
-        self.saved_step = self.step
+        """Everything this run needs to continue: rank 0's checkpoint.pt, or every rank's shards (sharding.save)."""
+        save(self)
 
     def maybe_resume(self) -> None:
-        """Continue from out_dir/checkpoint.pt when resume=true and it exists (checkpoint.resume: if it fits)."""
+        """Continue from out_dir's checkpoint when resume=true and it exists (sharding.resume: if it fits)."""
         if resume(self):
-            log(self.env, f"resuming from step {self.step} of {self.out / 'checkpoint.pt'} "
+            log(self.env, f"resuming from step {self.step} of {checkpoint_path(self)} "
                           "(resume=false starts afresh)")
 
 

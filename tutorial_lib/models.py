@@ -53,9 +53,11 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def param_checksum(model: nn.Module) -> float:
-    """Sum of all parameters in float64: equal on every DDP rank when the replicas are in sync."""
+    """Sum of all parameters in float64: equal on every DDP rank when the replicas are in sync. A sharded
+    parameter (parallel=fsdp) is gathered whole first: every rank must call it."""
     with torch.no_grad():
-        return float(sum(p.detach().double().sum().item() for p in model.parameters()))
+        whole = (p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters())
+        return float(sum(p.detach().double().sum().item() for p in whole))
 
 
 def train_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
