@@ -698,6 +698,32 @@ def test_config_naming_a_folder_says_so(tmp_path, capsys):
     assert "is a folder" in one_line_error(["train", "--config", str(tmp_path)], capsys)
 
 
+@pytest.mark.parametrize("source,line,said", [
+    ("import torch\ndef make():\n    return torch.nn.Linear(2, 2\n", 3, "'(' was never closed"),
+    ("def make():\n  x = 1\n    return x\n", 3, "unexpected indent"),
+    ("def make()\n    pass\n", 1, "expected ':'")])
+def test_a_syntax_error_in_your_model_file_is_one_line_with_its_place(tmp_path, capsys, source, line, said):
+    from tutorial_lib import ownmodel
+
+    model = tmp_path / "my_models.py"
+    model.write_text(source)
+    err = one_line_error(["card", f"{model}:make", "--small"], capsys)
+    assert f"{model}:{line}: {said}" in err and "fix that line of your file" in err
+    model.write_text("import torch\ndef make():\n    return torch.nn.Linear(2, 2)\n")  # fixed: read again
+    assert ownmodel.resolve(f"{model}:make")().out_features == 2
+
+
+def test_a_model_file_that_fails_on_import_is_read_again_once_fixed(tmp_path):
+    from tutorial_lib import ownmodel
+
+    model = tmp_path / "my_models.py"
+    model.write_text("import torch\nsize = undefined_name\ndef make():\n    return torch.nn.Linear(2, 2)\n")
+    with pytest.raises(NameError):  # the user's own code: its traceback says where
+        ownmodel.resolve(f"{model}:make")
+    model.write_text("import torch\ndef make():\n    return torch.nn.Linear(2, 2)\n")
+    assert ownmodel.resolve(f"{model}:make")().out_features == 2
+
+
 @pytest.mark.parametrize("where", ["out_dir under a file", "out_dir is a file", "out_dir read-only",
                                    "jobs-dir under a file", "data_dir under a file"])
 def test_unusable_folders_are_one_line(tmp_path, capsys, where):

@@ -64,13 +64,29 @@ def _import(module_name: str, what: str):
             spec = importlib.util.spec_from_file_location(key, path)
             module = importlib.util.module_from_spec(spec)
             sys.modules[key] = module  # DataLoader workers and pickling find it
-            spec.loader.exec_module(module)
+            try:
+                spec.loader.exec_module(module)
+            except SyntaxError as e:
+                del sys.modules[key]
+                raise syntax_problem(e, what) from None
+            except BaseException:  # the user's own code failed (its traceback says where): the next try reads
+                del sys.modules[key]  # the file again, not a module half made
+                raise
         return sys.modules[key]
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         raise UserError(f"{what}: can't import {module_name!r} ({e}); give a .py file path or an installed "
                         "module") from None
+    except SyntaxError as e:
+        raise syntax_problem(e, what) from None
+
+
+def syntax_problem(e: SyntaxError, what: str) -> UserError:
+    """A SyntaxError in the user's file as one line: file:line, Python's words and the line itself."""
+    line = (e.text or "").strip()
+    said = f": {line[:60]}" if line else ""
+    return UserError(f"{what}: {e.filename}:{e.lineno}: {e.msg}{said}; fix that line of your file and run again")
 
 
 def spec_of(obj: Any) -> str | None:
