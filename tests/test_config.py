@@ -9,7 +9,7 @@ from tutorial_lib.config import ConfigError, TrainConfig, load
     (["precision=fp8"], "precision='fp8' is not one of fp32, tf32, bf16, fp16"),
     (["dataset=imagenet"], "dataset='imagenet' is not one of shapes, cifar10"),
     (["model=vit"], "model='vit' is not one of resnet18, resnet18_imagenet, mnist_cnn"),
-    (["parallel=fsdp"], "parallel='fsdp' is not one of none, dp, ddp"),
+    (["parallel=tp"], "parallel='tp' is not one of none, dp, ddp, fsdp"),
     (["batch_size=0"], "batch_size=0 must be a positive integer"),
     (["batch_size=-8"], "batch_size=-8 must be a positive integer"),
     (["steps=-1"], "steps=-1 must be a positive integer"),
