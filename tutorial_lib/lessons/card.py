@@ -7,12 +7,16 @@
 
 What it measures, each with the workbook's own code: IO / SYNTHETIC / FULL and what bounds the step (lessons.bench,
 in windows); the optimization ladder's rungs that apply to the model (lessons.ladder's rungs, each a training run
-of engine.Run on your model: ownmodel.UserRun), each judged against the row it changes by lessons.noise; the
-FLOPs of one sample's forward pass and training step (torch.utils.flop_counter, checked by flops.py) and MFU against the card's dense peak for the
-precision (peaks.py); peak memory and, on a GPU, the largest batch that fits; the gradient bytes, the all-reduce
-bandwidth of this node and the DDP efficiency they predict on 2, 4 and 8 GPUs (lessons.allreduce); a recommended
-configuration and an sbatch file that trains with it (jobs.py, with the site profile). The one page it prints is
-card.md beside card.json in `out` (lessons/card_report.py). Sizes come from the one switch (lessons.size).
+of engine.Run on your model: ownmodel.UserRun), each judged against the row it changes by lessons.noise and run
+longer where the rule can't yet decide (lessons.card_decide), and run again on one resident batch where its steps
+waited for yours (lessons.card_input); the FLOPs of one sample's forward pass and training step (flops.py: torch's
+counter, checked) and MFU against the dense peak of each rung's precision and of bf16 (peaks.py); peak memory and,
+on a GPU, the largest batch that fits; the gradient bytes, the all-reduce bus bandwidth (measured between this
+node's GPUs, or typical links on a node with one: sites.interconnects) and the DDP efficiency they predict
+(lessons.allreduce); a recommended configuration without the changes that measured slower, measured as
+recommended, and an sbatch file that trains with it (jobs.py, with the site profile). The one page it prints is
+card.md beside card.json in `out` (lessons/card_report.py, card_verdict.py). Sizes come from the one switch
+(lessons.size).
 """
 from __future__ import annotations
 

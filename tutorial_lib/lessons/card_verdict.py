@@ -20,8 +20,10 @@ def lines(card) -> list[str]:
     changes = " ".join(f"{k}={_word(v)}" for k, v in rec["changes"].items()) or "the fp32 baseline as it is"
     dropped = rec.get("dropped") or []
     ref = card.mfu_of_reference(r)
-    mfu = (f"{100 * r['mfu']:.1f}% of the {card.precision_of(r)} peak, {100 * ref:.1f}% of the bf16 peak (see below)"
-           if r.get("mfu") and ref else "n/a: no datasheet peak for this device")
+    precision = card.precision_of(r)
+    mfu = ("n/a: no datasheet peak for this device" if not (r.get("mfu") and ref) else
+           f"{100 * ref:.1f}% of the bf16 dense peak (see below)" if precision in ("bf16", "fp16") else
+           f"{100 * r['mfu']:.1f}% of the {precision} peak, {100 * ref:.1f}% of the bf16 peak (see below)")
     largest = card.memory.get("largest_batch")
     memory = (f"{r['peak_mb']:,.0f} MiB at batch {p['batch']}; the largest batch that fits: {largest:,}"
               if r.get("peak_mb") and largest else card.memory["why"] if not r.get("peak_mb") else
