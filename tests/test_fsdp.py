@@ -236,3 +236,18 @@ def test_bad_values_are_one_line_naming_the_value_and_the_choices(tmp_path):
 def test_activation_checkpointing_may_change_when_a_run_resumes():
     saved = config.TrainConfig().to_dict()
     assert config.resume_differences(saved, config.TrainConfig(activation_checkpointing="blocks")) == []
+
+
+def test_launch_from_a_cell_keeps_parallel_fsdp(tmp_path, monkeypatch, capsys):
+    """tl.launch runs a config as DDP unless it asks for the model sharded (it made every config parallel=ddp)."""
+    from tutorial_lib import launcher
+
+    asked = []
+
+    def command(cfg, nproc, command, args):
+        asked.append(cfg.parallel)
+        return [sys.executable, "-c", "pass", "a", "b"]
+    monkeypatch.setattr(launcher, "torchrun_command", command)
+    for parallel in ("fsdp", "none", "ddp"):
+        assert launcher.launch(tiny(tmp_path, parallel=parallel), nproc=2, command="bench") is None
+    assert asked == ["fsdp", "ddp", "ddp"]

@@ -50,7 +50,8 @@ def launch(cfg: TrainConfig, nproc: int, extra_env: dict | None = None, timeout:
     checkpoints) and the error says so; interrupting the cell stops them the same way."""
     if not (isinstance(nproc, int) and not isinstance(nproc, bool) and nproc > 0):
         raise UserError(f"nproc={nproc!r} must be a positive whole number: the processes to start, e.g. nproc=2")
-    words = torchrun_command(cfg.replace(parallel="ddp", progress=False), nproc, command, args)  # no bar in a pipe
+    parallel = "fsdp" if cfg.parallel == "fsdp" else "ddp"  # the model sharded, or DDP
+    words = torchrun_command(cfg.replace(parallel=parallel, progress=False), nproc, command, args)  # no bar in a pipe
     print("$ torchrun " + " ".join(words[3:]), flush=True)
     threads = max(1, usable_cpus() // nproc)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), **(extra_env or {})}
