@@ -79,7 +79,8 @@ def recommendation(rows, plan, rec: dict, measure: Callable[[TrainConfig], dict]
         return {**rec, "kept_slower": slower, "why_kept": f"without them it measured slower ({row['img_s']:,.1f} "
                                                           "samples/s)"}
     fp32 = next(r for r in rows if r["rung"] == "fp32")
-    row = {**row, "speedup": row["img_s"] / fp32["img_s"], "precision": cfg.precision}
+    row = {**row, "rung": rec["rung"], "change": f"{rec['rung']} without {', '.join(undone)}",
+           "speedup": row["img_s"] / fp32["img_s"], "precision": cfg.precision}  # named as the rung it stands for
     base = next(c for r, c, _ in plan if r.name == "fp32")
     changes = {k: getattr(cfg, k) for k in keys if getattr(cfg, k) != getattr(base, k)}
     return {**rec, "row": row, "config": cfg, "changes": changes, "dropped": undone, "kept_slower": kept,
