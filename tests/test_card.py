@@ -186,7 +186,7 @@ def test_resnet18_gets_every_rung_a_cpu_runs(tmp_path):
         assert not rows[rung]["skipped"] and rows[rung]["img_s"] > 0, rung
     assert c.name == "resnet18" and c.probe["convolutions"] and c.probe["params"] == 11_181_642
     assert "the model or the batch was given as an object" in c.job["why"]  # a partial has no MODULE:FUNCTION
-    assert c.verdicts["channels_last"].split(", ")[1].startswith(("faster", "slower", "within noise"))
+    assert c.verdicts["channels_last"].split(", ")[1].startswith(("faster", "slower", "within noise", "not settled"))
     assert (tmp_path / "r18" / "card.md").is_file() and c.rung_table() in c.markdown()
 
 

@@ -181,10 +181,10 @@ def _verdict(card, rung):
     return ladder.verdicts(_rows(card))[rung]
 
 
-def _compile_gains_nothing(card):
-    from tutorial_lib.lessons import ladder
-
-    return " faster " not in ladder.verdicts(_rows(card))["compile"]
+def _compile_gains_little(card):
+    """Default compile against the eager rung below it: not faster by the rule, or by less than a quarter."""
+    got = {r["rung"]: r for r in _rows(card) if not r["skipped"]}
+    return " faster " not in _verdict(card, "compile") or got["compile"]["img_s"] < 1.25 * got["fused_adamw"]["img_s"]
 
 
 def _mfu_falls_while_faster(card):
@@ -218,16 +218,17 @@ def _bursty_rows_are_input_bound():
 
     f = reference.load("03_loader_ladder")["figures"]
     rows = {k: bench.from_reference(f, k) for k in ("workers", "pinned", "gpu_resident")}
-    return all(bench.bound(rows[k]) == "input" for k in ("workers", "pinned")) \
-        and bench.bound(rows["gpu_resident"]) == "compute"
+    return all(bench.bound(rows[k]) == "bursts" for k in ("workers", "pinned")) \
+        and bench.bound(rows["gpu_resident"]) not in ("input", "bursts")
 
 
 # (notebook, words of a sentence that names a direction, the check of the figures it stands beside, on every card)
 CLAIMS = [
     ("04_mixed_precision", "moving fp32 onto them is the change that counts",
      lambda: all(_eager_gain(c) for c in ("h100", "h200"))),
-    ("04_mixed_precision", "so on a launch-bound step it gains little or nothing",
-     lambda: all(_compile_gains_nothing(c) for c in ("h100", "h200"))),
+    ("04_mixed_precision", "so on a launch-bound step it gains little, and on some cards it is slower",
+     lambda: all(_compile_gains_little(c) for c in ("h100", "h200"))
+     and any(" slower " in _verdict(c, "compile") for c in ("h100", "h200"))),
     ("04_mixed_precision", "a rung can get faster while its MFU falls",
      lambda: all(_mfu_falls_while_faster(c) for c in ("h100", "h200"))),
     ("02_profiling", "the three lines add up to most of the step", _lines_follow_the_gpu),

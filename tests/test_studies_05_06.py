@@ -113,23 +113,33 @@ def test_a_row_without_a_one_gpu_run_of_its_recipe_has_no_efficiency():
     assert dpddp.comparison(f, "g")["baseline"] == "1 GPU graph"
 
 
-def test_verdicts_follow_the_noise_rule_and_an_efficiency_above_one_is_noise():
-    """Bands from the p10/p90 steps, at least +-5%; two figures differ only when their bands do not overlap.
-    The committed 2-GPU record's eager DDP: 47,209 img/s against 21,797 on one GPU whose steps spread 9.4-13.9 ms."""
+def test_verdicts_follow_the_one_rule_and_an_efficiency_above_one_is_never_a_gain():
+    """Each run is the mean of its steps with the interval of that mean (lessons/noise.py); the efficiency's band
+    is the interval of the ratio. The committed 2-GPU record's eager DDP: 47,209 img/s against 21,797 on one GPU
+    whose steps spread 9.4-13.9 ms: at 10 steps each, not settled against the ideal."""
     one = _result(1, 256, 21_797.0, steps_ms=(11.6, 9.4, 13.9))
     eager = _result(2, 256, 47_209.0, parallel="ddp", steps_ms=(10.9, 9.1, 12.4))
     v = scaling.scaling_verdict(eager, one, 2)
-    assert v["verdict"] == "within noise of 2 x one GPU (the ideal)" and v["vs_ideal"] == "≈"
+    assert v["verdict"] == "against 2 x one GPU not settled: 230 more steps would decide" and v["vs_ideal"] == "?"
     lo, hi = v["efficiency_band"]
     assert lo < 1 < hi and scaling.efficiency(eager, one).efficiency == pytest.approx(1.083, abs=1e-3)
     dp = _result(1, 512, 10_329.0, parallel="dp", steps_ms=(48.5, 40.0, 60.9))
     assert scaling.scaling_verdict(dp, one, 2)["verdict"] == "slower than one GPU"
-    tight = _result(1, 256, 100.0, steps_ms=(10.0, 9.9, 10.1))  # steps agree to 1%: the floor sets the band
-    assert scaling.band(tight) == pytest.approx((95.0, 105.0))
+    tight = _result(1, 256, 100.0, steps_ms=(10.0, 9.9, 10.1))  # steps agree to 1%: a narrow interval
+    assert scaling.figure(tight).half < 0.01
     assert scaling.scaling_verdict(_result(2, 256, 150.0, parallel="ddp"), tight, 2)["verdict"] == \
-        "faster than one GPU, below 2 x one GPU"
-    assert "beyond the spread" in scaling.scaling_verdict(_result(2, 256, 260.0, parallel="ddp"), tight, 2)["verdict"]
-    assert scaling.judge((1, 2), (2.5, 3)) == "<" and scaling.judge((1, 2.6), (2.5, 3)) == "≈"
+        "below 2 x one GPU, faster than one GPU"
+    assert scaling.scaling_verdict(_result(2, 256, 200.0, parallel="ddp"), tight, 2)["vs_ideal"] == "≈"
+    assert "measure both again" in scaling.scaling_verdict(_result(2, 256, 260.0, parallel="ddp"), tight, 2)["verdict"]
+
+
+def test_a_steady_per_rank_loss_of_six_percent_is_below_the_ideal():
+    """06, weak scaling at 1024 per GPU on 4 GPUs: every rank at 85,471-85,474 img/s against one GPU's 90,803,
+    was printed '0.941 (0.77-1.06) | within noise of 4 x one GPU'. Judged from the bench's FULL windows beside
+    each run, it is below the ideal."""
+    f = reference.load("06_scaling")["figures"]
+    row = next(r for r in scaling_study.scaling_rows(f) if r["kind"] == "weak" and r["point"].gpus == 4)
+    assert row["verdict"].startswith("below 4 x one GPU") and row["efficiency_band"][1] < 1, row
 
 
 def test_no_committed_efficiency_above_one_is_shown_as_a_gain():
@@ -653,7 +663,7 @@ def test_a_band_below_one_never_prints_as_reaching_one():
     for row in scaling_study.scaling_rows(f):
         lo, hi = (float(x) for x in scaling_study.shown_band(*row["efficiency_band"]).split("-"))
         assert (hi >= 1) == (row["efficiency_band"][1] >= 1) and (lo <= 1) == (row["efficiency_band"][0] <= 1)
-    assert "| 0.14 (0.11-0.18) | slower than one GPU |" in dpddp.table(reference.load("05_dp_vs_ddp")["figures"])
+    assert "| 0.14 (0.13-0.14) | slower than one GPU |" in dpddp.table(reference.load("05_dp_vs_ddp")["figures"])
     nb = json.loads((ROOT / "notebooks" / "06_scaling.ipynb").read_text())
     assert any("tl.scaling_study.shown_band(lo, hi)" in "".join(c["source"]) for c in nb["cells"])
 

@@ -104,7 +104,7 @@ class Card:
         if kept:
             out.append("The rungs stack, so the recommendation carries every change below it, among them these, which "
                        "gained nothing beyond noise where they were added: " +
-                       ", ".join(f"{k} ({self.verdicts[k]})" for k in kept) + ".")
+                       ", ".join(f"{k} ({self.judged()[k]})" for k in kept) + ".")
         alone = self.ddp.get("one_process") or {"why": "not measured"}
         if alone.get("why") is None:
             out.append(f"DDP in one process: what {ddp_work(rec.get('changes') or {})} every rank before any byte "
@@ -116,6 +116,11 @@ class Card:
         out.append(card_verdict.formula(self))
         flagged = measured_flag(self.ddp.get("measured") or {}, self.ddp["rows"])
         return out + ([flagged] if flagged else [])
+
+    def judged(self) -> dict:
+        """rung -> its verdict against the row it changes by today's rule (ladder.verdicts), from the stored rows:
+        a card stored by an older workbook keeps the words of its day in `verdicts`, the page judges again."""
+        return ladder.verdicts(self.rows)
 
     def kept_without_gain(self) -> list[str]:
         """The measured rungs up to the recommended one (their changes stack in it) that were not faster than the row
@@ -139,7 +144,7 @@ class Card:
             else:
                 fig = ladder.figure(r)
                 cells = [r["rung"], r["change"], noise.shown(fig),
-                         fmt(r.get("speedup"), ".2f"), self.verdicts.get(r["rung"], "-"), f"{r['step_ms']:.2f}",
+                         fmt(r.get("speedup"), ".2f"), self.judged().get(r["rung"], "-"), f"{r['step_ms']:.2f}",
                          fmt(r["peak_mb"], ",.0f"), _pct(r["mfu"]), _pct(self.mfu_of_reference(r)),
                          fmt(r["compile_s"], ".1f", "-"), card_input.cap_cell(r)]
             lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")

@@ -295,18 +295,18 @@ def race_target(history: list, after_s: float, val_size: int, window: int = 5, m
 # ---------------------------------------------------------------------------------------- the rule
 def figure(result, times: float = 1.0, bench: dict | None = None) -> noise.Figure:
     """A run's img/s (x `times`: N x one GPU is the ideal) as an estimate of its mean (lessons/noise.py): from the
-    FULL windows of the bench that measured this run, where the record keeps it, else from its blocks of steps
-    (or its p10/p90 steps, noise.of_steps)."""
+    FULL windows of the bench that measured this run (its FULL is the run's figure), where the record keeps it,
+    else from its blocks of steps (or its p10/p90 steps, noise.of_steps)."""
     r = as_dict(result)
     full = (bench or {}).get("full")
-    if full and full.get("img_s_low"):
+    if full and full.get("img_s_low") and math.isclose(full["img_s"], r["throughput_img_s"] * 1.0, rel_tol=1e-9):
         f = noise.of_range(full["img_s"], full["img_s_low"], full["img_s_high"], full.get("windows", 10))
         if full.get("window_img_s"):
             f = noise.of_windows(full["window_img_s"], full["img_s"])
     else:
         s = r["step_time_ms"]
         f = noise.of_steps(r["throughput_img_s"], s.get("median"), s.get("p10"), s.get("p90"),
-                           s.get("timed_steps", 0), s.get("block_ms"), r.get("global_batch"))
+                           s.get("timed_steps") or r.get("steps", 0), s.get("block_ms"), r.get("global_batch"))
     return noise.Figure(f.value * times, f.se, f.n, f.spread, f.unit)
 
 
