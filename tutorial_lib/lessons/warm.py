@@ -133,10 +133,11 @@ def child(name: str, cfg: TrainConfig) -> None:
                          "megacache": saved.name if saved else None})
 
 
-def measure(cfg: TrainConfig, out: Path) -> dict:
+def measure(cfg: TrainConfig, out: Path, ways: tuple[str, ...] = MEASURED) -> dict:
     """The first compiled step of `cfg` in three fresh processes: cold (an empty cache folder), warm (the same
     folder, now filled: a run that may write there) and read_only (that folder read-only, the process's own caches
-    empty: it loads the mega-cache files, as a learner on the hub does). Figures in seconds and their ratios."""
+    empty: it loads the mega-cache files, as a learner on the hub does). Figures in seconds and their ratios.
+    `ways`: cold and those of the others to run (each is one more compile: a minute of a small CPU)."""
     shared, own = out / "shared_cache", out / "own_cache"
     for folder in (shared, own):
         shutil.rmtree(folder, ignore_errors=True)
@@ -145,15 +146,16 @@ def measure(cfg: TrainConfig, out: Path) -> dict:
             "read_only": {compilecache.ENV: str(shared), compilecache.READONLY_ENV: "1",
                           "TORCHINDUCTOR_CACHE_DIR": str(own / "inductor"), "TRITON_CACHE_DIR": str(own / "triton")}}
     rows = {}
-    for way in MEASURED:
+    for way in [w for w in MEASURED if w == "cold" or w in ways]:
         print(f"-- {way}: {' '.join(cfg.to_overrides())}", flush=True)
         rows[way] = run_child("measure", cfg.replace(out_dir=str(out / way)), envs[way], out / f"{way}.log")
         print(f"   first step {rows[way]['first_step_s']:.1f} s ({rows[way]['cache'] or 'no cache line'})", flush=True)
     figures = {"device": rows["cold"]["device"], "torch": rows["cold"]["torch"], "overrides": cfg.to_overrides(),
-               **{f"{w}_first_step_s": rows[w]["first_step_s"] for w in MEASURED},
-               **{f"{w}_process_s": rows[w]["process_s"] for w in MEASURED},
-               "read_only_cache_line": rows["read_only"]["cache"]}
-    for way in ("warm", "read_only"):
+               **{f"{w}_first_step_s": rows[w]["first_step_s"] for w in rows},
+               **{f"{w}_process_s": rows[w]["process_s"] for w in rows}}
+    if "read_only" in rows:
+        figures["read_only_cache_line"] = rows["read_only"]["cache"]
+    for way in [w for w in ("warm", "read_only") if w in rows]:
         figures[f"cold_over_{way}"] = figures["cold_first_step_s"] / max(figures[f"{way}_first_step_s"], 1e-9)
     (out / "measure.json").write_text(json.dumps(figures, indent=1) + "\n")
     return figures
