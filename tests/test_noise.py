@@ -128,3 +128,31 @@ def test_bursts_are_named_by_the_spread_and_judged_by_the_rule():
     assert bench.bound(H100_8_WORKERS) == "bursts" and bench.bound_label(H100_8_WORKERS) == "input-bound in bursts"
     steady_io = {**H100_8_WORKERS, "io": windows("io", 50_497, 45_000, 56_000)}
     assert bench.bound(steady_io) == "contended"  # IO keeps up in every window, FULL still below: not the loader
+
+
+def test_dataparallels_two_step_times_are_judged_by_the_rule_not_by_overlapping_bands():
+    """05 printed 'their bands overlap: the same step time within noise' for DataParallel's 4-GPU step at 256 and
+    at 1024 per GPU (p10-p90 65.7-83.7 against 53.6-73.7 ms): the rule judges their means."""
+    from tutorial_lib import reference
+    from tutorial_lib.lessons import dpddp
+
+    line = dpddp.step_comparison(dpddp.per_step_overhead(reference.load("05_dp_vs_ddp")["figures"]))
+    assert line.startswith("on 4 GPUs, steps per second at 1024 against 256 per GPU: x1.18 (") and "bands" not in line
+    assert "not settled" in line and "more steps would decide" in line
+
+
+def test_the_card_page_judges_its_bound_with_the_wait_it_stored():
+    """The card's bench row of a model whose batches are built on the CPU: 'compute-bound' beside 'waited 15.1
+    ms/step for data (61% of the time)'. The page judges the stored windows with the stored wait."""
+    import dataclasses
+
+    from tutorial_lib.lessons import card_report
+
+    figures = {"io": windows("io", 120.0, 100.0, 140.0), "synthetic": windows("synthetic", 40.0, 39.0, 41.0),
+               "full": windows("full", 39.5, 38.5, 40.5)}
+    card = card_report.Card.__new__(card_report.Card)
+    card.bench = {"figures": {m: dataclasses.asdict(f) for m, f in figures.items()}, "waited": 0.61}
+    card.probe = {"device_type": "cpu"}
+    assert card.bound_line().startswith("input-bound: waited for data 61% of the time")
+    card.bench["waited"] = 0.05
+    assert card.bound_line().startswith("step-bound")

@@ -246,8 +246,29 @@ def per_step_overhead(figures: dict) -> list[dict]:
             out.append({"gpus": rec["gpus"], "batch_per_gpu": b["global_batch"], "dp_step_ms": a["step_time_ms"]["median"],
                         "dp_band_ms": (a["step_time_ms"]["p10"], a["step_time_ms"]["p90"]),
                         "one_gpu_step_ms": b["step_time_ms"]["median"],
-                        "extra_ms": a["step_time_ms"]["median"] - b["step_time_ms"]["median"]})
+                        "extra_ms": a["step_time_ms"]["median"] - b["step_time_ms"]["median"],
+                        "steps_s": _steps_per_second(a)})
     return out
+
+
+def _steps_per_second(result: dict) -> noise.Figure:
+    """A run's steps per second as an estimate of its mean, with its interval (tl.scaling.figure over the batch)."""
+    f = scaling.figure(result)
+    return noise.Figure(f.value / result["global_batch"], f.se, f.n, None, f.unit)
+
+
+def step_comparison(overhead: list[dict]) -> str | None:
+    """DataParallel's step on the most GPUs at 256 and at 1024 per GPU, by the rule (noise.compare of their steps
+    per second): the per-step cost stays the same when the step carries 4x the images. None without both."""
+    most = [o for o in overhead if o["gpus"] == max(x["gpus"] for x in overhead)]
+    if len({o["batch_per_gpu"] for o in most}) != 2:
+        return None
+    a, b = sorted(most, key=lambda o: o["batch_per_gpu"])
+    r = noise.compare(b["steps_s"], a["steps_s"])
+    said = {"equal": "the same step time within noise, with 4x the images in the second",
+            "lower": "the larger batch's step is slower", "higher": "the larger batch's step is faster"}
+    return (f"on {a['gpus']} GPUs, steps per second at {b['batch_per_gpu']} against {a['batch_per_gpu']} per GPU: "
+            f"{r}, {said.get(r.verdict) or r.words()}")
 
 
 def trap(figures: dict) -> dict | None:
