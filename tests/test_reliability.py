@@ -167,6 +167,35 @@ def test_a_stop_signal_anywhere_ends_with_a_checkpoint_and_the_rerun_finishes(tm
     assert done.val_accuracy is not None and done.step_time_ms["timed_steps"] >= 1
 
 
+@pytest.mark.parametrize("where", ["during the validation pass", "in the step before it"])
+def test_a_stop_signal_near_a_validation_pass_loses_no_point_of_val_history(tmp_path, monkeypatch, where):
+    """A stop during the pass at step 4 (or at step 4, before its pass) left a checkpoint at step 4 without that
+    point, and the resumed run went on from step 5: val_history had lost it."""
+    kw = dict(steps=6, eval_every=2, val_size=32, log_every=1)
+    straight = engine.train(tiny(tmp_path / "straight", **kw))
+    cfg = tiny(tmp_path / "run", **kw)
+    with monkeypatch.context() as m:
+        if where == "during the validation pass":
+            prepare = engine.Run.prepare
+            m.setattr(engine.Run, "prepare", lambda self, x, y: (
+                not self.model.training and self.step == 4 and os.kill(os.getpid(), signal.SIGUSR1),
+                prepare(self, x, y))[1])
+        else:
+            step = engine.Run.train_step
+            m.setattr(engine.Run, "train_step", lambda self, x, y: (
+                self.step == 3 and os.kill(os.getpid(), signal.SIGUSR1), step(self, x, y))[1])
+        with pytest.raises(engine.Preempted):
+            engine.train(cfg)
+    saved = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert saved["step"] == 4 and [h[0] for h in saved["val_history"]] == [2]
+    resumed = engine.train(cfg)
+    assert resumed.resumed_from_step == 4 and resumed.loss == straight.loss
+    assert [(s, a) for s, _, a in resumed.val_history] == [(s, a) for s, _, a in straight.val_history]
+    assert resumed.val_history[1][1] == round(saved["clock"]["seconds"], 4)  # done again at the stop's seconds
+    seconds = [t for _, t, _ in resumed.val_history]
+    assert seconds == sorted(seconds)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
 def test_cli_exits_3_on_a_stop_signal(tmp_path, sig):
     args = [sys.executable, "-m", "tutorial_lib", "train", "dataset=shapes", "model=resnet18_imagenet",
@@ -488,14 +517,37 @@ def test_a_field_set_after_construction_is_checked_before_the_run(tmp_path):
                                                       ([1.0, 2.0, float("-inf")], 5, 5, "fp16"),
                                                       ([float("nan")] * 3, 30, 28, "fp32")])
 def test_a_non_finite_loss_stops_the_run_naming_the_step_and_the_cause(tmp_path, values, last, bad, precision):
+    from tutorial_lib import watch
+
     run = engine.Run.__new__(engine.Run)  # only what check_finite reads: fp16 can't be built on a CPU
     run.cfg, run.batch_size, run.env = tiny(tmp_path / "run"), 16, distributed.DistEnv()
     run.cfg.precision = precision
     with pytest.raises(engine.NonFiniteLoss, match=f"at step {bad}: the learning rate lr=0.002 is likely too high "
                                                    f"for batch size 16 at precision={precision}") as e:
-        run.check_finite(last, values)
+        watch.check_finite(run, last, values)
     assert ("fp16 overflow" in str(e.value)) == (precision == "fp16")
-    run.check_finite(last, [1.0, 0.5])  # finite losses pass
+    watch.check_finite(run, last, [1.0, 0.5])  # finite losses pass
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_loss_not_finite_at_step_1_is_not_blamed_on_the_learning_rate(tmp_path, precision):
+    """Step 1's loss comes from the weights the run started with: no update, no learning rate, has touched them."""
+    from tutorial_lib import watch
+
+    run = engine.Run.__new__(engine.Run)
+    run.cfg, run.batch_size, run.env = tiny(tmp_path / "run", precision=precision), 16, distributed.DistEnv()
+    with pytest.raises(engine.NonFiniteLoss) as e:
+        watch.check_finite(run, 2, [float("nan"), 1.0])
+    said = str(e.value)
+    assert said.startswith("the loss became nan at step 1, before any weight update, so the learning rate is not "
+                           "the cause: the model's output or the loss") and "lower lr" not in said
+    assert ("fp16 overflow in the forward pass" in said) == (precision == "fp16")
+
+
+def test_a_model_whose_output_is_nan_from_the_start_is_named_at_step_1(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(engine.Run, "criterion", lambda self, out, y: (out * float("nan")).sum())
+    with pytest.raises(engine.NonFiniteLoss, match="at step 1, before any weight update"):
+        engine.train(tiny(tmp_path / "run", steps=4, log_every=2, eval=False))
 
 
 def test_a_diverging_run_stops_with_a_one_line_error(tmp_path, capsys):

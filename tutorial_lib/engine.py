@@ -3,10 +3,9 @@
 Read `Run.fit` top to bottom: fetch a batch, copy it to the device, forward under autocast, backward,
 optimizer step; around it the step clock (meters.py), TensorBoard scalars, checkpoints and a profiler hook.
 Precision set-up lives in precision.py, the optimizer and its schedule in optimizer.py, checkpoint files, stop
-signals and what a checkpoint holds of a Run in checkpoint.py."""
+signals and what a checkpoint holds of a Run in checkpoint.py, the validation passes and the loss check in watch.py."""
 from __future__ import annotations
 
-import math
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -31,6 +30,7 @@ from .launcher import launch, torchrun_command  # noqa: F401  (tl.launch, notebo
 from .optimizer import OPTIMIZER_IMPLS, lr_lambda, make_optimizer  # noqa: F401  (engine.OPTIMIZER_IMPLS: 04)
 from .results import Result
 from .values import count
+from .watch import NonFiniteLoss, check_finite, periodic_eval, redo  # noqa: F401  (engine.NonFiniteLoss)
 
 # The CLI's exit code after SIGUSR1 (Slurm's warning before the time limit) or SIGTERM (scancel, a time limit
 # without --signal): the checkpoint is written; run the same command again to continue.
@@ -39,10 +39,6 @@ EXIT_PREEMPTED = 3
 
 class Preempted(Exception):
     """Raised after a stop signal (SIGUSR1 or SIGTERM) once the checkpoint is written."""
-
-
-class NonFiniteLoss(UserError):
-    """The loss became NaN or infinite: training can't recover, so the run stops (without a checkpoint)."""
 
 
 def log(env: distributed.DistEnv, msg: str) -> None:
@@ -272,6 +268,7 @@ class Run:
         batches = None
         try:
             self.check_stop()  # a signal during set-up
+            redo(self, log)  # the validation pass a stop cut short (resumed)
             with profiling.profiler(cfg, env) as prof, oom.one_line(self.device, self.batch_size, cfg.precision):
                 batches = self.batches()
                 clock.start()
@@ -299,7 +296,7 @@ class Run:
                         self.loss_log.ship(self.step)
                         report(wait=True)
                         self.save_checkpoint()
-                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.periodic_eval():
+                    if cfg.eval_every and self.step % cfg.eval_every == 0 and periodic_eval(self, log):
                         break  # target_accuracy or patience (the same accuracy on every rank: all-reduced)
             vote.settle()
             self.loss_log.ship(self.step)
@@ -340,7 +337,7 @@ class Run:
         steps have completed on the device, so perf/img_per_s is the device's rate over them (the clock's
         marks), not the pace at which the host queued them."""
         for step, values in intervals:
-            self.check_finite(step, values)
+            check_finite(self, step, values)
             progress.set_postfix(loss=f"{values[-1]:.3f}", refresh=False)
             if progress.disable:  # batch logs and pipes get a line per log interval instead of a bar
                 log(self.env, f"step {step}/{self.total_steps} loss {values[-1]:.4f}")
@@ -352,18 +349,6 @@ class Run:
                     writer.add_scalar("perf/img_per_s", rate * self.images_per_step, step)
                 if self.device.type == "cuda":
                     writer.add_scalar("perf/memory_mb", torch.cuda.max_memory_allocated(self.device) / 2**20, step)
-
-    def check_finite(self, step: int, values: list[float]) -> None:
-        """Stop at the first NaN or infinite loss (read where the losses arrive anyway: no extra device sync)."""
-        bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
-        if bad is None:
-            return
-        cfg = self.cfg
-        cause = (" or an fp16 overflow (try precision=bf16)" if cfg.precision == "fp16" else "")
-        raise NonFiniteLoss(
-            f"the loss became {values[bad]} at step {step - len(values) + bad + 1}: the learning rate lr={cfg.lr:g} "
-            f"is likely too high for batch size {self.batch_size * self.env.world_size} at precision={cfg.precision}"
-            f"{cause}; lower lr or add warmup_steps (no checkpoint written for this step)")
 
     def finish(self, clock: StepClock, wall: float) -> Result:
         cfg, env = self.cfg, self.env
@@ -404,15 +389,6 @@ class Run:
             raise UserError(f"{e}. The trained run is kept in its checkpoint at step {self.step} "
                             f"({checkpoint_path(self)}): once there is space, run the same command again: it "
                             "writes result.json, training nothing") from None
-
-    def periodic_eval(self) -> bool:
-        """A validation pass every eval_every steps, recorded as [step, training seconds, accuracy] (notebook 06:
-        accuracy against time; history.History keeps them). True once the run stops early (target, patience)."""
-        now = self.synced_time()
-        accuracy = self.evaluate()
-        log(self.env, self.history.record(self.step, now, accuracy, time.perf_counter() - now))
-        self.clock.pause_ended()  # the validation pass is not a training step: left out of the step times
-        return self.history.stopped_by is not None
 
     def synced_time(self) -> float:
         """The host clock once the device has run everything queued."""
