@@ -521,9 +521,9 @@ def test_warmup_0_is_taken_and_a_window_of_0_is_refused(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- the input as a limit
-def slow_batches(delay_s=0.15):
-    """A batch function that builds every batch on the CPU slowly (a decode, an augmentation): 150 ms a batch, slower
-    than the model's step even on a loaded 2-core machine."""
+def slow_batches(delay_s=0.3):
+    """A batch function that builds every batch on the CPU slowly (a decode, an augmentation): 300 ms a batch, far
+    slower than the model's step even on a loaded 2-core machine."""
     import time
 
     def batch():
@@ -545,6 +545,7 @@ def test_a_slow_batch_function_is_named_as_what_caps_the_rungs(tmp_path):
 
 def test_a_rung_that_hardly_waited_is_not_run_again():
     row = {"rung": "fp32", "img_s": 1000.0, "batch": 10, "data_wait_ms": 0.2, "skipped": None}  # 2% of a 10 ms step
+    assert card_input.WAIT_SHARE > 0.02
     assert card_input.add_resident(row, lambda: pytest.fail("measured again")) is row
     assert card_input.cap(row) == "model" and card_input.cap_cell(row) == "model (waited 2% of the step)"
     one = ownmodel_parts(lambda: nn.Linear(4, 2), torch.rand(2, 4), torch.zeros(2, dtype=torch.long))

@@ -1,9 +1,9 @@
 """The input as a rung's limit (tl.card, lessons/card.py): which of your batches or your model caps each rung.
 
 Every rung trains on your batches (your function, Dataset or DataLoader). A rung whose steps waited for batches
-for more than WAIT_SHARE of its time is trained again on one batch resident on the device, reused every step: the
-model alone. Where the model alone is faster by the rule (lessons.noise), the input caps that rung; where the
-steps hardly waited, the model does (no second run: the batches were there when the step wanted them).
+for more than WAIT_SHARE of its time (a fifth) is trained again on one batch resident on the device, reused every
+step: the model alone. Where the model alone is faster by the rule (lessons.noise), the input caps that rung; where
+the steps hardly waited, the model does (no second run: the batches were there when the step wanted them).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from . import ladder, noise
 from .. import engine, ownmodel
 from ..config import TrainConfig
 
-WAIT_SHARE = 0.05  # of a rung's mean step spent waiting for a batch, beyond which the model alone is measured too
+WAIT_SHARE = 0.2  # of a rung's mean step spent waiting for a batch, beyond which the model alone is measured too
 KEPT = ("img_s", "step_ms", "step_ms_p10", "step_ms_p90", "step_ms_blocks", "steps", "batch", "data_wait_ms")
 
 
@@ -48,14 +48,13 @@ def add_resident(row: dict, measure: Callable[[], dict] | None) -> dict:
 
 
 def cap(row: dict) -> str | None:
-    """'input' where the model alone was faster than the rung on your batches by the rule, else 'model'; None for a
-    rung that did not run."""
+    """'input' where the model alone was faster than the rung on your batches by the rule, 'not settled' where the
+    rule can't yet tell, else 'model'; None for a rung that did not run."""
     if row.get("skipped"):
         return None
     alone = row.get("resident")
-    if alone and noise.relation(ladder.figure(alone), ladder.figure(row)) == ">":
-        return "input"
-    return "model"
+    said = noise.relation(ladder.figure(alone), ladder.figure(row)) if alone else "≈"
+    return {">": "input", "?": "not settled"}.get(said, "model")
 
 
 def cap_cell(row: dict) -> str:
