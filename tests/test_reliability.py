@@ -476,7 +476,9 @@ def test_override_text_is_read_by_the_fields_type(override, key, value):
     ("lr=0", "must be > 0"), ("lr=-1", "must be > 0"), ("weight_decay=-0.1", "must be >= 0"),
     ("momentum=-0.1", r"in \[0, 1\)"), ("momentum=1", r"in \[0, 1\)"), ("seed=-1", r"2\*\*63"),
     ("seed=9223372036854775808", r"2\*\*63"), ("num_workers=null", "None is not allowed"),
-    ("dist_timeout_s=0", "positive integer"), ("batch_size=1.5", "not a valid int")])
+    ("dist_timeout_s=0", "positive integer"), ("batch_size=1.5", "not a valid int"),
+    ("steps=²", r"steps='²' is not a valid int; give a whole number in decimal digits"), ("seed=٣", "not a valid int"),
+    ("num_workers=²", "auto or an integer"), ("eval=２", "not a valid bool")])
 def test_bad_override_values_are_one_line_errors(override, message):
     with pytest.raises(ConfigError, match=message):
         config.load(None, [override])
@@ -669,7 +671,9 @@ def test_tensorboard_start_on_a_port_in_use_says_so(tb_state, tmp_path):
 @pytest.mark.parametrize("env,message", [
     (dict(RANK="0", WORLD_SIZE="2"), r"RANK=0 WORLD_SIZE=2 in the environment.*parallel=ddp.*unset RANK WORLD_SIZE"),
     (dict(RANK="abc", WORLD_SIZE="2"), r"RANK='abc' in the environment is not a whole number.*unset"),
-    (dict(RANK="0", WORLD_SIZE="two"), r"WORLD_SIZE='two' in the environment is not a whole number")])
+    (dict(RANK="0", WORLD_SIZE="two"), r"WORLD_SIZE='two' in the environment is not a whole number"),
+    (dict(RANK="²", WORLD_SIZE="2"), r"RANK='²' in the environment is not a whole number"),
+    (dict(RANK="0", WORLD_SIZE="٢"), r"WORLD_SIZE='٢' in the environment is not a whole number")])
 def test_stale_launcher_variables_are_named_with_the_fix(tmp_path, monkeypatch, capsys, env, message):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -1110,13 +1114,15 @@ def test_a_job_rendered_with_workbook_site_naming_a_file_renders_again(tmp_path,
 
 
 # ---------------------------------------------------------------- the pre-flight check
-def test_doctor_names_a_slurm_cpus_per_task_that_is_not_a_number(monkeypatch):
+@pytest.mark.parametrize("value", ["abc", "²", "٣"])
+def test_doctor_names_a_slurm_cpus_per_task_that_is_not_a_number(monkeypatch, value):
     from tutorial_lib import doctor
 
-    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "abc")
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", value)
     cpus = doctor.check_cpus(doctor.Context(doctor.Options()))  # was: "the check itself failed ... report it"
-    assert cpus.status == "WARN" and "SLURM_CPUS_PER_TASK='abc'" in cpus.message, cpus
+    assert cpus.status == "WARN" and f"SLURM_CPUS_PER_TASK={value!r}" in cpus.message, cpus
     assert "unset SLURM_CPUS_PER_TASK" in cpus.fix
+    assert config.usable_cpus() == len(os.sched_getaffinity(0))  # ignored, as it says ('²' was a ValueError)
 
 
 @pytest.mark.parametrize("argv", [["--timeout", "0"], ["--timeout", "-3"], ["--timeout", "nan"],

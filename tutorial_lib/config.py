@@ -20,7 +20,7 @@ import yaml
 
 from .errors import ConfigError, DataNotFound, UserError  # noqa: F401  (config.UserError, ...: their old home)
 from .values import (check_choice, check_one_line, check_positive, coerce, format_value,  # noqa: F401
-                     read_yaml, suggest)
+                     is_whole, read_yaml, suggest)
 
 ROOT = Path(__file__).resolve().parents[1]  # the workbook checkout: notebooks/, jobs/, data/, configs/ live here
 CONFIGS_DIR = ROOT / "configs"
@@ -32,14 +32,14 @@ def usable_cpus() -> int:
     on a shared node that counts CPUs that belong to other jobs. The processes one torchrun starts share
     those CPUs: each gets its share (LOCAL_WORLD_SIZE of them on this node). (Notebook 03 teaches it.)"""
     slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
-    if slurm.isdigit() and int(slurm) > 0:
+    if is_whole(slurm) and int(slurm) > 0:
         cpus = int(slurm)
     elif hasattr(os, "sched_getaffinity"):
         cpus = len(os.sched_getaffinity(0))
     else:
         cpus = os.cpu_count() or 1
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    if "TORCHELASTIC_RUN_ID" in os.environ and local.isdigit() and int(local) > 1:  # started by torchrun
+    if "TORCHELASTIC_RUN_ID" in os.environ and is_whole(local) and int(local) > 1:  # started by torchrun
         cpus = max(1, cpus // int(local))
     return cpus
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from . import lastwords
 from ._gloo_exit import hand_over
 from .config import ConfigError, UserError
-from .values import count
+from .values import count, is_whole
 
 
 @dataclass
@@ -58,7 +58,7 @@ def _env_int(environ, name: str, default: int = 0) -> int:
     text = environ.get(name)
     if text is None:
         return default
-    if not text.strip().isdigit():
+    if not is_whole(text):
         raise ConfigError(f"{name}={text!r} in the environment is not a whole number: torchrun and srun set it "
                           f"for the processes they start; if it is left over from an earlier shell, unset {name}")
     return int(text)

@@ -32,7 +32,7 @@ from .gpucheck import (GpuFacts, allreduce, check_bf16, check_driver, check_gpus
                        save)  # doctor.check_gpus, doctor.allreduce, ...: the GPU lines live in gpucheck.py
 from .sitecheck import SITE_CHECKS, Check, SiteFacts, shown as _shown
 from .sitecheck import run_command as _run
-from .values import count
+from .values import count, is_whole
 
 STATUSES = ("PASS", "WARN", "FAIL", "SKIP")
 LOCK = ROOT / "requirements.lock"
@@ -180,7 +180,7 @@ def check_cpus(ctx: Context) -> Check:
     usable, workers = usable_cpus(), default_workers()  # the workbook's DataLoader worker rule, from its one home
     text = (f"{usable} usable CPUs (affinity {affinity} of {os.cpu_count()} on the node, SLURM_CPUS_PER_TASK "
             f"{slurm or 'unset'}): the worker rule gives {count(workers, 'DataLoader worker')}")
-    if slurm and not slurm.strip().isdigit():  # Slurm sets a number; this one was set by hand (and is ignored)
+    if slurm and not is_whole(slurm):  # Slurm sets a number; this one was set by hand (and is ignored)
         return Check("cpus", "WARN", f"{text}, but SLURM_CPUS_PER_TASK={slurm!r} is not a number (the workbook "
                      "ignores it)", "unset SLURM_CPUS_PER_TASK, or set it to the CPUs Slurm granted (a number)")
     if slurm and int(slurm) > affinity:

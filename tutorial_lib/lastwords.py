@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from .results import atomic_write_text, fresh_file
+from .values import is_whole
 
 WRITE_EVERY_S = 1.0  # at most one write a second per rank, also on a shared file system with many ranks
 HEARTBEAT_S = 10.0  # written this often even when nothing changed: an old file means a stopped process
@@ -160,7 +161,7 @@ class Recorder:
 
 def _buffer_size() -> int:
     text = os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or "0"
-    return int(text) if text.strip().isdigit() else 0
+    return int(text) if is_whole(text) else 0
 
 
 def write_flight_record(path: Path, world_size: int) -> Path | None:

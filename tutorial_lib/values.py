@@ -93,6 +93,12 @@ CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 INT_RE = re.compile(r"[+-]?[0-9]+")
 
 
+def is_whole(text: Any) -> bool:
+    """Whether `text` is a whole number >= 0 in the digits 0-9 (spaces around it allowed): what a launcher's
+    variable or a count holds. Not str.isdigit(), which also takes '²' (int() then fails) and '٣' (int() reads 3)."""
+    return bool(re.fullmatch(r"\s*[0-9]+\s*", str(text)))
+
+
 def check_one_line(field_name: str, value: str) -> str:
     """Text that goes into a job file or a log line: no newline, carriage return or other control character
     (a newline would end the comment or the quoted word the text is written into)."""
