@@ -22,12 +22,14 @@ from conftest import ROOT, tiny
 from tutorial_lib import blocks, config, engine, models, sharding
 
 RUNS = r'''
-import json, shutil, sys
+import json, os, shutil, sys
+from pathlib import Path
 import torch.distributed as dist
 from torch import nn
-from tutorial_lib import config, engine, models
+from tutorial_lib import config, engine, models, sharding
 
-real_destroy, dist.destroy_process_group = dist.destroy_process_group, lambda *a, **k: None  # one group for all runs
+dist.init_process_group("gloo")  # one process group for all the runs (the engine's setup finds it):
+real_destroy, dist.destroy_process_group = dist.destroy_process_group, lambda *a, **k: None  # their teardown keeps it
 build, step = models.build, engine.Run.train_step
 
 
@@ -47,6 +49,12 @@ for spec in json.loads(open(sys.argv[1]).read()):
         return step(self, x, y)
     engine.Run.train_step = train_step
     cfg = config.load(None, spec["overrides"])
+    kept = sharding.latest(Path(cfg.out_dir))
+    if spec.get("drop_result") and dist.get_rank() == 0:  # a finished run whose result.json is gone
+        os.remove(Path(cfg.out_dir) / "result.json")
+    dist.barrier()
+    stamp = lambda folder: (folder, os.stat(folder / "run.pt").st_ino, os.stat(folder / "run.pt").st_mtime_ns)
+    before = stamp(kept) if kept else None
     try:
         engine.train(cfg)
         said = "finished"
@@ -55,6 +63,8 @@ for spec in json.loads(open(sys.argv[1]).read()):
     except (RuntimeError, config.UserError) as e:
         said = f"error: {e}"
     if dist.get_rank() == 0:
+        if kept:
+            said += " (kept)" if stamp(sharding.latest(Path(cfg.out_dir))) == before else " (written again)"
         print(f"RUN {spec['name']}: {said}", flush=True)
         if spec.get("copy_to"):
             shutil.copytree(cfg.out_dir, spec["copy_to"])
@@ -87,24 +97,28 @@ def result(out) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two processes: DDP and FSDP (ResNet-18, BatchNorm), FSDP in bf16; with GroupNorm (the same on 2 x 16 images
-    as on 1 x 16) an FSDP run, the same stopped at step 4 (its checkpoint copied) and resumed. One process: that
-    copy resumed; a batch that differs refused; a run that crashes after its async checkpoint at step 2, resumed."""
+    """Two processes: DDP and FSDP (ResNet-18, BatchNorm), FSDP in bf16; with GroupNorm (the same on 2 x 8 images
+    as on 1 x 16) an FSDP run, the same with activation checkpointing stopped at step 4 (its checkpoint copied)
+    and resumed without it. One process: that copy resumed (then, without its result.json, finished again); a
+    batch that differs refused; a run that crashes after its async checkpoint at step 2, resumed."""
     tmp = tmp_path_factory.mktemp("fsdp")
-    o = {name: tmp / name for name in ("ddp", "fsdp", "bf16", "gn", "stopped", "on_one", "crash")}
+    o = {name: tmp / name for name in ("ddp", "fsdp", "bf16", "gn", "stopped", "on_one", "again", "crash")}
     ended = launch(tmp, 2, [
         dict(name="ddp", overrides=["parallel=ddp", f"out_dir={o['ddp']}"]),
         dict(name="fsdp", overrides=["parallel=fsdp", "eval=true", "val_size=32", f"out_dir={o['fsdp']}"]),
         dict(name="bf16", overrides=["parallel=fsdp", "precision=bf16", f"out_dir={o['bf16']}"]),
         dict(name="gn", group_norm=True, overrides=["parallel=fsdp", f"out_dir={o['gn']}"]),
-        dict(name="stopped", group_norm=True, stop_at=3, copy_to=str(o["on_one"]),
-             overrides=["parallel=fsdp", "ckpt_every=2", f"out_dir={o['stopped']}"]),
+        dict(name="stopped", group_norm=True, stop_at=3, copy_to=str(o["on_one"]),  # blocks recomputed, then not
+             overrides=["parallel=fsdp", "ckpt_every=2", "activation_checkpointing=blocks", f"out_dir={o['stopped']}"]),
         dict(name="resumed", group_norm=True, overrides=["parallel=fsdp", "ckpt_every=2", f"out_dir={o['stopped']}"]),
     ])
     ended |= launch(tmp, 1, [
         dict(name="other_batch", group_norm=True, overrides=["parallel=fsdp", "ckpt_every=2", "global_batch_size=8",
                                                              f"out_dir={o['on_one']}"]),
-        dict(name="on_one", group_norm=True, overrides=["parallel=fsdp", "ckpt_every=2", f"out_dir={o['on_one']}"]),
+        dict(name="on_one", group_norm=True, copy_to=str(o["again"]),
+             overrides=["parallel=fsdp", "ckpt_every=2", f"out_dir={o['on_one']}"]),
+        dict(name="finished_again", group_norm=True, drop_result=True,
+             overrides=["parallel=fsdp", "ckpt_every=2", f"out_dir={o['again']}"]),
         dict(name="crash", group_norm=True, crash_at=3, overrides=["parallel=fsdp", "ckpt_every=2",
                                                                    f"out_dir={o['crash']}"]),
         dict(name="after_crash", group_norm=True, overrides=["parallel=fsdp", "ckpt_every=2", f"out_dir={o['crash']}"]),
@@ -128,7 +142,7 @@ def test_fsdp_on_two_processes_matches_ddp_at_the_same_global_batch(runs):
 
 def test_a_sharded_run_stopped_and_resumed_gives_the_losses_of_one_never_stopped(runs):
     ended, o = runs
-    assert ended["stopped"] == "preempted" and ended["resumed"] == "finished", ended
+    assert ended["stopped"] == "preempted" and ended["resumed"] == "finished (written again)", ended
     resumed, whole = result(o["stopped"]), result(o["gn"])
     assert resumed["resumed_from_step"] == 4
     assert resumed["loss"] == pytest.approx(whole["loss"], rel=1e-5)
@@ -141,7 +155,9 @@ def test_a_sharded_run_stopped_and_resumed_gives_the_losses_of_one_never_stopped
 
 def test_a_checkpoint_of_two_processes_resumes_on_one_with_the_same_global_batch(runs):
     ended, o = runs
-    assert ended["other_batch"].startswith("error: ") and ended["on_one"] == "finished", ended
+    assert ended["other_batch"].startswith("error: ") and ended["on_one"] == "finished (written again)", ended
+    assert ended["finished_again"] == "finished (kept)"  # result.json written again, the complete checkpoint kept
+    assert result(o["again"])["loss"] == result(o["on_one"])["loss"]
     said = ended["other_batch"]
     assert "global batch of 16 images on 2 ranks (now 8 on 1: give global_batch_size=16" in said and "\n" not in said
     one, whole = result(o["on_one"]), result(o["gn"])
@@ -154,7 +170,7 @@ def test_after_a_crash_the_last_complete_checkpoint_is_the_one_resumed(runs):
     """The run crashed in step 3, after the async save of step 2 had begun: `latest` names step 2, and the run
     resumed from it trains as the uninterrupted run did (the state was copied before training went on)."""
     ended, o = runs
-    assert "crashed on purpose" in ended["crash"] and ended["after_crash"] == "finished", ended
+    assert "crashed on purpose" in ended["crash"] and ended["after_crash"] == "finished (written again)", ended
     again, one, whole = result(o["crash"]), result(o["on_one"]), result(o["gn"])
     assert again["resumed_from_step"] == 2
     assert again["loss"][4:] == pytest.approx(one["loss"][4:], rel=1e-5)  # steps 5 and 6, each on one process

@@ -127,6 +127,9 @@ def save_shards(run) -> None:
     if pending is not None and run.saved_step == run.step:  # already written (the last step's checkpoint)
         return
     folder = run.out / FOLDER / f"step_{run.step:08d}"
+    if latest(run.out) == folder:  # this step's checkpoint is complete already (a finished run resumed)
+        run.saved_step = run.step
+        return
     progress = None
     if run.env.is_main:
         run.loss_log.ship(run.step)
@@ -183,10 +186,9 @@ def resume(run) -> bool:
 def resume_shards(run) -> bool:
     """Continue from the checkpoint `latest` names, on any number of ranks with the same global batch (DCP
     reshards): True once restored. A checkpoint of another run is refused with the fix."""
-    root = run.out / FOLDER
-    if not (run.cfg.resume and (root / LATEST).is_file()):
+    root, folder = run.out / FOLDER, latest(run.out)
+    if not (run.cfg.resume and folder is not None):
         return False
-    folder = root / (root / LATEST).read_text().strip()
     state = read_checkpoint(folder / PROGRESS, run.device)
     differ = resume_differences(state["config"], run.cfg)
     saved = global_batch(state["config"], state["world_size"])
@@ -207,6 +209,12 @@ def resume_shards(run) -> bool:
         raise UserError(f"{folder} does not fit this run ({first}); move {root} away, or give resume=false to "
                         "start afresh") from None
     return True
+
+
+def latest(out: Path) -> Path | None:
+    """The folder of the last complete checkpoint in `out` (the one `latest` names), or None."""
+    name = out / FOLDER / LATEST
+    return out / FOLDER / name.read_text().strip() if name.is_file() else None
 
 
 def global_batch(config: dict, world_size: int) -> int:
