@@ -230,8 +230,7 @@ def scaling_rows(fig: dict) -> list[dict]:
             p = scaling.efficiency(run, base, "strong" if kind == "strong" else "weak")
         except UserError:  # another batch per GPU: not a weak point of the race's one-GPU run
             continue
-        base_name = "weak_1" if base is one else "race_1"
-        benches = (fig["runs"][name].get("bench"), fig["runs"].get(base_name, {}).get("bench"))
+        benches = [fig["runs"].get(k, {}).get("bench") for k in (name, "weak_1" if base is one else "race_1")]
         out.append({"kind": kind, "point": p, "run": run, "base": base,
                     **scaling.scaling_verdict(run, base, p.gpus, *benches)})
     return out
