@@ -240,7 +240,8 @@ def test_bad_values_are_one_line_naming_the_value_and_the_choices(tmp_path):
     with pytest.raises(config.ConfigError, match=r"MnistCNN repeats no block.*use activation_checkpointing=none"):
         blocks.apply_checkpointing(models.build("mnist_cnn", 10), "blocks")
     for bad, fix in (("precision=fp16", "precision=bf16"), ("compile=true", "compile=false"),
-                     ("cuda_graph=true", "cuda_graph=false"), ("grad_sync=false", "grad_sync=true")):
+                     ("cuda_graph=true", "cuda_graph=false"), ("grad_sync=false", "grad_sync=true"),
+                     ("channels_last=true", "channels_last=false")):
         with pytest.raises(config.ConfigError, match=rf"parallel=fsdp does not work with {bad}.*use {fix}, or "
                                                      "parallel=ddp"):
             config.load(None, ["parallel=fsdp", bad])

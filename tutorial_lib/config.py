@@ -270,6 +270,8 @@ class TrainConfig:
                   "precision=bf16"),
                  (self.compile, "compile=true", "compile=false"),
                  (self.cuda_graph, "cuda_graph=true", "cuda_graph=false"),
+                 (self.channels_last, "channels_last=true (FSDP2 shards contiguous parameters only)",
+                  "channels_last=false"),
                  (not self.grad_sync, "grad_sync=false (the shards are the gradients' only copy)", "grad_sync=true")]
         for bad, what, fix in clash:
             if bad and self.parallel == "fsdp":
