@@ -225,6 +225,23 @@ def test_checkpointed_blocks_keep_fewer_activations_and_the_same_gradients():
         assert torch.equal(a, b), name
 
 
+def test_compiled_checkpointed_blocks_give_the_gradients_and_statistics_of_the_plain_model():
+    """Under torch.compile the recomputation is the compiled backward graph's (checkpoint's context_fn, which keeps
+    the statistics in eager mode, can't be compiled)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
+    plain, ac = models.build("resnet18_imagenet", 10), models.build("resnet18_imagenet", 10)
+    ac.load_state_dict(plain.state_dict())
+    blocks.apply_checkpointing(ac, "blocks")
+    torch._dynamo.reset()
+    nn.functional.cross_entropy(plain(x), y).backward()
+    nn.functional.cross_entropy(torch.compile(ac, backend="aot_eager")(x), y).backward()
+    for p, q in zip(plain.parameters(), ac.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5)
+    for (name, a), b in zip(plain.state_dict().items(), ac.state_dict().values()):
+        assert torch.allclose(a.float(), b.float(), atol=1e-6), name
+
+
 def test_blocks_are_found_by_what_a_model_repeats():
     from tutorial_lib.lessons import card_examples
 
@@ -245,6 +262,9 @@ def test_bad_values_are_one_line_naming_the_value_and_the_choices(tmp_path):
         with pytest.raises(config.ConfigError, match=rf"parallel=fsdp does not work with {bad}.*use {fix}, or "
                                                      "parallel=ddp"):
             config.load(None, ["parallel=fsdp", bad])
+    with pytest.raises(config.ConfigError, match=r"activation_checkpointing=blocks does not work with parallel=dp.*"
+                                                 "use parallel=ddp, or activation_checkpointing=none"):
+        config.load(None, ["parallel=dp", "activation_checkpointing=blocks"])
     with pytest.raises(config.ConfigError, match=r"parallel='fsdp' needs one process per device started by a "
                                                  "launcher"):
         engine.train(tiny(tmp_path, parallel="fsdp"))

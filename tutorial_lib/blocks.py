@@ -16,6 +16,7 @@ import functools
 from collections import Counter
 from contextlib import contextmanager, nullcontext
 
+import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, noop_context_fn
 
@@ -49,6 +50,8 @@ def checkpointed(block: nn.Module):
 
     @functools.wraps(forward)
     def run(*args, **kwargs):
+        if torch.compiler.is_compiling():  # the recomputation is the compiled backward graph's: no statistics updated
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
     run.checkpointed = True
     return run

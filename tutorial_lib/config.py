@@ -276,6 +276,10 @@ class TrainConfig:
         for bad, what, fix in clash:
             if bad and self.parallel == "fsdp":
                 raise ConfigError(f"parallel=fsdp does not work with {what}; use {fix}, or parallel=ddp")
+        if self.activation_checkpointing != "none" and self.parallel == "dp":  # its replicas would run the original
+            raise ConfigError(f"activation_checkpointing={self.activation_checkpointing} does not work with "
+                              "parallel=dp (DataParallel's copies of a block would run the original's forward); use "
+                              "parallel=ddp, or activation_checkpointing=none")
 
     def workers(self) -> int:
         """DataLoader workers of this process: num_workers, or for auto the workbook's rule on its CPUs."""
