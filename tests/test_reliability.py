@@ -484,6 +484,13 @@ def test_bad_override_values_are_one_line_errors(override, message):
         config.load(None, [override])
 
 
+@pytest.mark.parametrize("key", ["train_size", "val_size"])
+def test_a_synthetic_set_too_large_for_memory_is_one_line(tmp_path, capsys, key):
+    """train_size=99999999999999999999 passed the checks, then the set made in memory ended in a MemoryError."""
+    err = one_line_error(["train", *tiny(tmp_path / "run", **{key: 10**20}).to_overrides()], capsys)
+    assert f"{key}={10**20}: the shapes set of" in err and f"does not fit in this machine's memory; lower {key}" in err
+
+
 @pytest.mark.parametrize("kw,key,value", [
     (dict(eval="false"), "eval", False), (dict(eval="true"), "eval", True), (dict(augment=0), "augment", False),
     (dict(lr="1e-3"), "lr", 0.001), (dict(lr=1), "lr", 1.0), (dict(steps="40"), "steps", 40),

@@ -143,8 +143,13 @@ def base_dataset(cfg: TrainConfig, split: str):
     (Notebook 03 teaches it.)"""
     if cfg.dataset in ("shapes", "shapes_hard", "shapes_faint"):
         n = (cfg.train_size or 50_000) if split == "train" else (cfg.val_size or 10_000)
-        return ArrayImages(*cached_shapes(n, seed=2 * cfg.seed + (split == "val"), hard=cfg.dataset == "shapes_hard",
-                                          faint=cfg.dataset == "shapes_faint"))
+        try:
+            return ArrayImages(*cached_shapes(n, seed=2 * cfg.seed + (split == "val"),
+                                              hard=cfg.dataset == "shapes_hard", faint=cfg.dataset == "shapes_faint"))
+        except MemoryError:  # the set is made in memory: 3 KiB an image
+            key = "train_size" if split == "train" else "val_size"
+            raise UserError(f"{key}={n}: the {cfg.dataset} set of {n:,} images ({n * 3 * 32 * 32 / 2**30:,.1f} GiB) "
+                            f"does not fit in this machine's memory; lower {key}") from None
     if Path(cfg.data_dir).exists() and not Path(cfg.data_dir).is_dir():  # not "stage the data into it"
         raise DataNotFound(f"data_dir={cfg.data_dir!r} is a file, not a folder; give the folder that holds the "
                            "staged datasets (the workbook's is data)")
