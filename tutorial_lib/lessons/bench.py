@@ -272,7 +272,7 @@ def _pair(figures: dict, kind: str) -> tuple[str, str]:
     if kind == "disagrees":
         return max((("full", "io"), ("full", "synthetic")), key=lambda p: _cmp(figures[p[0]], figures[p[1]]).value)
     if kind == "not settled":
-        pairs = [p for p in (("io", "synthetic"), ("full", "synthetic")) if p[0] in figures]
+        pairs = [p for p in (("full", "synthetic"), ("io", "synthetic")) if p[0] in figures]
         return next((p for p in pairs if _cmp(figures[p[0]], figures[p[1]]).verdict == "not settled"), pairs[0])
     pair = {"input": ("io", "synthetic"), "step": ("synthetic", "io"), "compute": ("synthetic", "io"),
             "launch": ("synthetic", "io"), "balanced": ("io", "synthetic")}.get(kind, ("full", "synthetic"))
