@@ -198,6 +198,7 @@ def test_mobilenet_from_a_dataset(tmp_path):
     rows = {r["rung"]: r for r in c.rows}
     assert c.probe["batch"] == 4 and "TensorDataset in a DataLoader" in c.probe["source"]
     assert not rows["channels_last"]["skipped"] and rows["bf16"]["skipped"].startswith("left out (rungs=...)")
+    assert 2 <= c.probe["flops_per_sample"] / c.probe["flops_forward"] <= 4 and "per group" in c.probe["flops_how"]
 
 
 def test_a_rung_asked_for_alone_is_the_ladders_rung():
@@ -604,3 +605,21 @@ def test_a_change_that_measured_slower_is_left_out_and_the_recommendation_measur
     assert out["dropped"] == ["bf16"] and out["changes"] == {"optimizer_impl": "fused"} and out["row"]["img_s"] == 130.0
     worse = card_decide.recommendation(rows, plan, rec, lambda c: _row("recommended", 60.0), card_module.SPEED_KEYS)
     assert worse["row"] is rec["row"] and "measured slower" in worse["why_kept"]  # the changes interact: kept
+
+
+def test_rungs_are_settled_after_all_of_them_ran_and_only_at_full_size():
+    """Running one rung longer never leaves a later one unmeasured: the settling comes after the rungs, with the
+    time left; a card at the small size (CI, a laptop) does not settle at all."""
+    import time
+
+    from tutorial_lib.lessons import card_decide
+
+    cfg = tl.TrainConfig(device="cpu")
+    plan = card_module.rung_plan(cfg, {"device_type": "cpu", "convolutions": False}, None, False)
+    rows = [_row("fp32", 100.0, [100.0, 101.0, 99.0], steps=30), _row("bf16", 104.0, [60.0, 140.0, 90.0], steps=30)]
+    rows += [{"rung": r.name, "skipped": why or "left out"} for r, _, why in plan if r.name not in ("fp32", "bf16")]
+    asked = []
+    out = card_decide.settle_all(rows, plan, lambda rung, c, n: asked.append((rung.name, n)) or
+                                 _row(rung.name, 104.0, steps=n), time.perf_counter() + 600)
+    assert [a[0] for a in asked] == ["bf16"] and out[1]["settled_from_steps"] == 30 and out[0] is rows[0]
+    assert not card_module.SMALL.settle and card_module.FULL.settle

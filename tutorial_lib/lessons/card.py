@@ -50,9 +50,10 @@ class CardSizes:
     warmup: int  # untimed steps first (compiled rungs: at least meters.COMPILE_WARMUP)
     budget_s: float  # rungs that would start after this many seconds are skipped
     batch_cap: int  # the largest-batch search stops here (GPU)
+    settle: bool = True  # run longer a rung the rule can't yet tell from its row, while the budget lasts
 
 
-SMALL = CardSizes(steps=6, window=2, warmup=1, budget_s=90, batch_cap=0)
+SMALL = CardSizes(steps=6, window=2, warmup=1, budget_s=90, batch_cap=0, settle=False)
 FULL = CardSizes(steps=30, window=6, warmup=5, budget_s=140, batch_cap=4096)
 # the card's own keys (everything else is a TrainConfig field, the base of every rung)
 CARD_KEYS = {"steps": "timed steps per measure", "window": "steps per timed window", "warmup": "untimed steps first",
@@ -312,12 +313,13 @@ def measure_rungs(parts: ownmodel.Parts, plan: list[tuple], sizes: CardSizes, sa
             reason = f"the card's time budget ({sizes.budget_s:.0f} s) was spent"
         cfg = timed(planned, sizes)
         row = ladder.skipped_row(rung, cfg, reason) if reason else measure_rung(parts, rung, cfg)
-        row = card_decide.settle(rows, row, lambda n: measure_rung(parts, rung, timed(  # noqa: B023 (called now)
-            planned, card_decide.sized(sizes, n))), start + sizes.budget_s)
         row = card_input.add_resident(row, resident and (lambda: measure_rung(
             resident, rung, cfg.replace(out_dir=f"{cfg.out_dir}_resident"))))
         rows.append({**row, "precision": cfg.precision})  # the peak its MFU is against (card_report.peaks_note)
         say(ladder.row_line(row).replace("img/s", "samples/s"))
+    if sizes.settle:  # what is left of the budget: the rungs the rule can't yet tell apart, run longer
+        rows = card_decide.settle_all(rows, plan, lambda rung, cfg, n: card_input.add_resident(
+            measure_rung(parts, rung, timed(cfg, card_decide.sized(sizes, n))), None), start + sizes.budget_s)
     ladder.add_speedups(rows)
     return rows
 

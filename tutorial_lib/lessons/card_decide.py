@@ -36,6 +36,19 @@ def settle(rows: list[dict], row: dict, rerun: Callable[[int], dict], deadline: 
     return row if again.get("skipped") else {**again, "settled_from_steps": row["steps"]}
 
 
+def settle_all(rows: list[dict], plan: list[tuple], rerun: Callable, deadline: float) -> list[dict]:
+    """Every measured rung, in order, settled against the row it changes (settle) while time is left before
+    `deadline`: after all rungs ran, so that running one longer never leaves a later rung unmeasured.
+    rerun(rung, planned config, timed steps) -> row."""
+    planned = {rung.name: (rung, cfg) for rung, cfg, _ in plan}
+    out = []
+    for row in rows:
+        rung, cfg = planned[row["rung"]]
+        again = settle(out, row, lambda n: rerun(rung, cfg, n), deadline)  # noqa: B023 (called at once)
+        out.append(again if again is row or "resident" not in row else {**again, "resident": row["resident"]})
+    return out
+
+
 def dropped(rows: list[dict], plan: list[tuple], pick: str) -> list[str]:
     """The rungs up to `pick` whose change measured slower than the row it changed (by the rule)."""
     names = [rung.name for rung, _, _ in plan]
