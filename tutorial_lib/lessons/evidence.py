@@ -338,8 +338,10 @@ def baseline_check_lines(folder=None) -> list[str]:
         lines.append(f"  ... and there, switched on after those steps: {f['by_hand_benchmark_on_after_off_ms']:.1f} ms "
                      "(the convolutions keep the algorithms chosen first)")
     for name, what in (("engine_60", "60 steps"), ("engine_rung", "04's rung"), ("engine_long", "1,500 steps")):
-        band = noise.of_steps(f[f"{name}_img_s"], f[f"{name}_median_ms"], f[f"{name}_p10_ms"], f[f"{name}_p90_ms"],
-                              f.get(f"{name}_steps", 0), None, f.get("batch"))
+        windows = [1000 * f["batch"] / w for w in f.get(f"{name}_window_ms") or [] if w]  # each window's img/s
+        band = noise.of_windows(windows, f[f"{name}_img_s"]) if len(windows) > 1 else noise.of_steps(
+            f[f"{name}_img_s"], f[f"{name}_median_ms"], f[f"{name}_p10_ms"], f[f"{name}_p90_ms"],
+            f.get(f"{name}_steps", 0), None, f.get("batch"))
         lines.append(f"  engine, {what:12s} median step {f[f'{name}_median_ms']:.1f} ms, {noise.shown(band)} img/s")
     lines += window_lines(f.get("engine_long_window_ms") or [], f.get("engine_long_new_epoch_windows"))
     if "engine_long_start_sm_clock_mhz" in f:

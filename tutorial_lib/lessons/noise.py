@@ -214,7 +214,8 @@ def shown(f: Figure, spec: str = ",.0f") -> str:
     if not f.half:
         return f"{f.value:{spec}}"
     pct = 100 * (math.exp(f.half) - 1)
-    return f"{f.value:{spec}} ±{pct:.0f}%" if pct >= 1 else f"{f.value:{spec}} ±{pct:.1f}%"
+    digits = 0 if pct >= 1 else 1 if pct >= 0.1 else 2
+    return f"{f.value:{spec}} ±{pct:.{digits}f}%"
 
 
 def spread_shown(f: Figure, spec: str = ",.0f") -> str:
