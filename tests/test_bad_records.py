@@ -182,3 +182,22 @@ def test_every_other_json_record_is_read_through_read_record():
     raw = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
                  if re.search(r"json\.loads?\(", p.read_text()))
     assert [p for p in raw if p not in NOT_RECORDS] == []
+
+
+@pytest.mark.parametrize("key", ["steps", "window", "warmup", "job_steps"])
+def test_a_card_count_in_other_digits_is_one_line(key):
+    """'²'.isdigit() is true and int('²') fails: the card's counts were a ValueError traceback."""
+    from tutorial_lib.config import UserError
+    from tutorial_lib.lessons import card
+
+    with pytest.raises(UserError) as e:
+        card.split_overrides({key: "²"})
+    assert str(e.value).startswith(f"{key}='²': ") and "\n" not in str(e.value)
+
+
+def test_ddp_gpus_in_other_digits_is_one_line():
+    from tutorial_lib.config import UserError
+    from tutorial_lib.lessons import card_ddp
+
+    with pytest.raises(UserError, match="ddp_gpus='²'"):
+        card_ddp.gpus_to_measure("²")

@@ -38,6 +38,7 @@ from .. import engine, flops, oom, ownmodel, sites
 from ..config import TrainConfig, UserError, load
 from ..meters import untimed_steps
 from ..results import Result, make_folder
+from ..values import is_whole
 
 RUNGS = ("fp32", "tf32", "bf16", "channels_last", "fused_adamw", "compile", "step_graph")  # lessons.ladder's names
 SPEED_KEYS = ("precision", "channels_last", "optimizer_impl", "compile", "compile_mode", "cuda_graph")
@@ -123,7 +124,7 @@ def split_overrides(overrides: dict) -> tuple[dict, TrainConfig]:
         opts["compile_on_cpu"] = load(None, {"compile": opts["compile_on_cpu"]}).compile  # true/false as TrainConfig reads
     for key in ("steps", "window", "warmup", "job_steps"):
         least = 0 if key == "warmup" else 1  # warmup=0 times every step; a window of 0 steps times nothing
-        if key in opts and not (str(opts[key]).strip().isdigit() and int(opts[key]) >= least):
+        if key in opts and not (is_whole(opts[key]) and int(opts[key]) >= least):
             raise UserError(f"{key}={opts[key]!r}: the {CARD_KEYS[key]} must be a whole number >= {least}; give "
                             f"{key}={least} or more")
     return opts, cfg

@@ -29,6 +29,7 @@ from pathlib import Path
 from .. import energy
 from ..config import ROOT, TrainConfig, given_gpus, load
 from ..launcher import torchrun_command
+from ..values import is_whole
 from . import hang, noise
 
 ENERGY_STEPS, HANG_TIMEOUT_S = 4000, 20  # about 45 s of the timed window on an H100
@@ -54,7 +55,7 @@ def _visible_gpus() -> list[int]:
 
     count = torch.cuda.device_count()
     given = given_gpus()
-    return [int(d) for d in given[:count]] if given and all(d.isdigit() for d in given) else list(range(count))
+    return [int(d) for d in given[:count]] if given and all(is_whole(d) for d in given) else list(range(count))
 
 
 def energy_check(base: TrainConfig, size, out: Path, gpus: list[int]) -> dict:
