@@ -16,7 +16,7 @@ from torch import nn
 import tutorial_lib as tl
 from tutorial_lib import __main__ as cli, jobs
 from tutorial_lib.config import UserError
-from tutorial_lib.lessons import card as card_module, card_input, card_report
+from tutorial_lib.lessons import card as card_module, card_input, card_report, card_verdict
 
 TRANSFORMER = textwrap.dedent('''
     import torch
@@ -542,6 +542,8 @@ def test_a_slow_batch_function_is_named_as_what_caps_the_rungs(tmp_path):
     assert card_input.waited(fp32) > card_input.WAIT_SHARE and fp32["resident"]["img_s"] > 1.2 * fp32["img_s"]
     assert card_input.cap(fp32) == "input" and "| input: the model alone " in c.rung_table()
     assert "speed up the input first" in c.markdown()
+    cells = [x for line in c.markdown().splitlines() if line.startswith("| ") for x in line.strip("|").split(" | ")]
+    assert not card_verdict.too_long(cells), card_verdict.too_long(cells)  # a CPU card's page too
 
 
 def test_a_rung_that_hardly_waited_is_not_run_again():

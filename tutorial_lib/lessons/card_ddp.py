@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from . import allreduce, card_report, cases, ladder, noise, scaling
 from ..config import TrainConfig, UserError
-from ..values import count
+from ..values import count, is_whole
 from ..meters import untimed_steps
 
 ONE_PROCESS = ladder.Rung("ddp_one_process", "the recommendation as DDP in one process (world size 1)")
@@ -37,12 +37,11 @@ def gpus_to_measure(value) -> tuple[int, str | None]:
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if value is None or str(value).strip().lower() == "auto":
         if visible < 2:
-            return 0, (f"not measured: this node has {count(visible, 'GPU')}; on a node with 2 or more the card trains "
-                       "its recommendation on 1 GPU and on 2 (on 4 where the node has 4 or more) and prints the "
-                       "efficiency here")
+            return 0, (f"not measured: this node has {count(visible, 'GPU')}; on 2 or more the card measures its "
+                       "recommendation on 1 GPU and on 2, or 4 where the node has 4")
         return cases.node_gpus(visible), None
     text = str(value).strip()
-    if not text.isdigit() or int(text) == 1:
+    if not is_whole(text) or int(text) == 1:
         raise UserError(f"ddp_gpus={value!r} must be auto, 0 (do not measure) or a number of processes of 2 or more")
     n = int(text)
     if n == 0:

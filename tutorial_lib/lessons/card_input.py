@@ -76,5 +76,5 @@ def verdict(rows: list[dict], rec_rung: str, io_s: float | None) -> str | None:
     if r is None or cap(r) != "input":
         return None
     io = f"your batches arrive at {io_s:,.0f} samples/s; " if io_s else ""
-    return (f"{io}the model alone reaches {r['resident']['img_s']:,.1f} at {rec_rung}, your batches "
+    return (f"{io}the model alone reaches {r['resident']['img_s']:,.1f} samples/s at {rec_rung}, on your batches "
             f"{r['img_s']:,.1f}: speed up the input first")

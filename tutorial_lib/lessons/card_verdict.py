@@ -57,7 +57,7 @@ def bandwidth_cell(card) -> str:
     b = card.ddp["bandwidth"]
     if b.get("backend") == "table":
         return "not measured: this node has 1 GPU; the prediction uses typical links (a site profile's interconnects)"
-    return f"{b['bus_gb_s']:.2f} GB/s between {b['where'].split(' (')[0]}, messages of {b['nbytes'] / 1e6:,.1f} MB"
+    return f"{_gb_s(b['bus_gb_s'])} between {b['where'].split(' (')[0]}, messages of {_bytes(b['nbytes'])}"
 
 
 def formula(card) -> str:
@@ -66,12 +66,12 @@ def formula(card) -> str:
     alone = d.get("one_process") or {}
     step = d["step_ms"]
     ddp_step = max(step, alone["step_ms"]) if alone.get("why") is None and alone.get("step_ms") else step
-    links = "; ".join(f"{x.get('name') or x.get('link') or 'this node'} {x.get('bus_gb_s') or d['bandwidth']['bus_gb_s']:,.1f}"
-                      f" GB/s ({x.get('source', 'measured')})" for x in _one_per_link(d["rows"]))
+    links = "; ".join(f"{x.get('name') or 'this node'} {_gb_s(x.get('bus_gb_s') or d['bandwidth']['bus_gb_s'])} "
+                      f"({x.get('source', 'measured')})" for x in _one_per_link(d["rows"]))
     return (f"DDP's efficiency on n GPUs is the step over DDP's step plus the all-reduce time that the backward pass "
             f"does not hide. The all-reduce of B bytes takes B x 2(n-1)/n / bus bandwidth; the backward pass is "
             f"{allreduce.BACKWARD_SHARE:.2f} of a step. Here: step {step:.2f} ms, DDP's step {ddp_step:.2f} ms, "
-            f"B = {d['grad_bytes'] / 1e6:,.1f} MB of fp32 gradients, bus bandwidth: {links}.")
+            f"B = {_bytes(d['grad_bytes'])} of fp32 gradients, bus bandwidth: {links}.")
 
 
 def _one_per_link(rows: list[dict]) -> list[dict]:
@@ -82,6 +82,15 @@ def _one_per_link(rows: list[dict]) -> list[dict]:
             seen.add(key)
             out.append(x)
     return out
+
+
+def _bytes(n: float) -> str:
+    """MB or kB of 1e6 and 1e3 bytes, the units of GB/s."""
+    return f"{n / 1e6:,.1f} MB" if n >= 1e6 else f"{n / 1e3:,.0f} kB"
+
+
+def _gb_s(v: float) -> str:
+    return f"{v:,.1f} GB/s" if v >= 10 else f"{v:.2f} GB/s" if v >= 0.1 else f"{v:.4f} GB/s"
 
 
 def too_long(cells) -> list[str]:
