@@ -479,6 +479,7 @@ def test_learners_are_prepared_from_a_checkout_they_may_not_read(prepared):
             spec = json.loads(kernel.read_text())
             assert spec["argv"][0].startswith(f"{env}/"), spec
             assert spec["env"]["PYTHONPATH"] == str(clone), spec
+            assert "tutorial_lib.kernel" in spec["argv"], spec  # the kernel that sets TENSORBOARD_PROXY_URL
             remote = subprocess.run(["runuser", "-u", user, "--", "git", "-C", str(clone), "remote", "get-url",
                                      "origin"], capture_output=True, text=True, timeout=60, cwd="/").stdout.strip()
             assert remote == f"file://{shared}/handout.git", remote
@@ -579,6 +580,7 @@ def test_two_learners_work_in_their_own_server_jobs(ui, learners, hub):
         assert fields["WorkDir"] == str(home("alice") / CLONE), fields
         kernel_vars = kernel_env("alice", kernel)
         assert kernel_vars["SLURM_JOB_ID"] == job["id"]  # submitted from inside her server's job
+        assert kernel_vars.get("TENSORBOARD_PROXY_URL", "").endswith("proxy/%PORT%/"), kernel_vars  # %tensorboard
         into = {k: v for k, v in kernel_vars.items() if str(ROOT) in v}
         assert not into, f"alice's kernel names the instructor's checkout: {into}"
 

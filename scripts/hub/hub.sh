@@ -216,8 +216,9 @@ setup_learner() {
     # nbgitpuller: a clone the first time, later a merge that keeps the learner's own changes
     as_learner "$u" "$home" "$ENV/bin/gitpuller" "file://$HANDOUT" main "$home/$CLONE" >"$STATE/gitpuller-$u.log" 2>&1 ||
         die "nbgitpuller could not update $home/$CLONE for $u; its log: $STATE/gitpuller-$u.log"
-    # the workbook's kernel for this clone: the shared Python, the package of the learner's own clone
-    as_learner "$u" "$home" "$ENV/bin/python" -m ipykernel install --user --name hpc-workbook --display-name "Python (HPC workbook)" \
+    # the workbook's kernel for this clone: the shared Python, the package of the learner's own clone; it sets
+    # TENSORBOARD_PROXY_URL from the learner's hub prefix when it starts (tutorial_lib/kernel.py)
+    as_learner "$u" "$home" env PYTHONPATH="$home/$CLONE" "$ENV/bin/python" -m tutorial_lib.kernel install \
         --env PYTHONPATH "$home/$CLONE" >/dev/null
 }
 
