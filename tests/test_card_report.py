@@ -35,7 +35,7 @@ def test_a_bench_figure_has_one_band_on_the_page(model):
     for m, fig in card.bench["figures"].items():
         shown = card_report._band(fig)
         assert shown in rows["IO / SYNTHETIC / FULL (fp32, samples/s)"], m
-    assert "(±0%)" in card.bench["verdict"] and "±0%" not in card.markdown()
+    assert "±0%" not in card.markdown()  # a stored verdict of an older bench may say (±0%); the page judges again
 
 
 def test_the_recommendation_says_which_changes_it_keeps_without_a_gain():
@@ -43,9 +43,10 @@ def test_the_recommendation_says_which_changes_it_keeps_without_a_gain():
     card's compile, x0.80); the page names them, and beside a faster rung shows the two bands that overlap."""
     assert dict(_card("gpt").summary_rows())["recommended"].startswith("step_graph:")
     gpt = " ".join(_card("gpt").notes())
-    assert "compile (x0.80 (0.65-0.99), slower than fused_adamw)" in gpt  # judged again by today's rule
-    assert "among them these, which gained nothing beyond noise where they were added: " in gpt  # was '... too:'
-    assert "fused_adamw (x1.04 (1.042-1.046), within noise of bf16)" in gpt and "tf32" not in gpt.split("The rungs stack")[1]
+    kept = gpt.split("among them these, which gained nothing beyond noise where they were added: ")[1]  # was '... too:'
+    kept = kept.split(". ")[0]
+    assert kept.startswith("compile (x0.99 (0.88-1.12), not settled against fused_adamw"), kept  # by today's rule
+    assert not any(f"{r} (x" in kept for r in ("tf32", "bf16", "fused_adamw")), kept  # they gained: not listed
     vit = " ".join(_card("vit_b_16").notes())
     assert "The recommendation against the fastest rung, step_graph: x" in vit
 

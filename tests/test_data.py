@@ -113,7 +113,7 @@ def test_garbage_is_collected_only_before_workers_are_forked(monkeypatch, persis
 def test_gpu_resident_refuses_a_dataset_larger_than_half_the_free_memory(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * 2**20, 80 * 2**30))
     images = torch.zeros(60_000, 3, 32, 32, dtype=torch.uint8)  # 176 MB
-    with pytest.raises(UserError, match="loader=gpu_resident needs 176 MB.*use loader=dataloader"):
+    with pytest.raises(UserError, match="loader=gpu_resident needs 176 MiB.*use loader=dataloader"):
         data.check_fits(images, torch.device("cuda"), "train")
 
 
