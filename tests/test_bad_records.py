@@ -174,7 +174,8 @@ NOT_RECORDS = {"reference.py": "a notebook's cells", "sitecheck.py": "Jupyter's 
                "gpucheck.py": "a child process's output", "jobs.py": "a line of a job file (its own one-line error)",
                "lessons/cluster.py": "its own runs and a child's output", "lessons/cases.py": "its own runs",
                "lessons/data_loading.py": "its own run", "lessons/card_report.py": "the committed card records",
-               "results.py": "read_record itself"}
+               "results.py": "read_record itself", "doctor.py": "a child process's output (its own error line)",
+               "kernel.py": "the kernel spec ipykernel has just written"}
 
 
 def test_every_other_json_record_is_read_through_read_record():
