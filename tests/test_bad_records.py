@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import tiny
+from test_reliability import one_line_error  # the CLI fails with exit 2 and one line on stderr
 from tutorial_lib import compilecache, engine, reference
 from tutorial_lib.__main__ import main
 from tutorial_lib.config import UserError
@@ -34,11 +35,6 @@ def damaged(text: str, how: str, drop: str) -> bytes:
 DAMAGE = ["truncated", "a list", "a number", "incomplete", "binary", "empty", "wrong type"]
 
 
-def one_line_error(argv, capsys) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
-    return err
 
 
 @pytest.fixture(scope="module")
