@@ -60,6 +60,8 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           "scripts/gpu/measure.sh"),
     Study("traces", "traces:study", "02", 2, "profiled runs (fp32, bf16, DDP per rank) and the GPU trace fixture",
           "scripts/gpu/profiling.sh"),
+    Study("timeline", "timeline:study", "02", 1, "the timeline of two profiled steps (fp32, bf16) and its GPU idle "
+          "share; nsys stats of the timed window where nsys is installed", "scripts/gpu/timeline.sh"),
     Study("data_loading", "data_loading:study", "03", 2, "IO / SYNTHETIC / FULL of every loader at batch 256 and 1024",
           "scripts/gpu/data_loading.sh"),
     Study("ladder", "ladder:study", "04", 1, "the optimization ladder rung by rung, traces of its key rungs, and the "
