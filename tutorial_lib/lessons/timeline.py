@@ -165,27 +165,50 @@ def study(size, out: Path) -> dict:
         engine.train(run)
         figures["timelines"][name] = t = summary(run.out_dir)
         print(idle_line(f"{t['device']}, {name}", t), flush=True)
-    figures["nsys"] = nsys_stats(cfg.replace(profile=False, nvtx=True, steps=size.pick(4, 30),
+    figures["nsys"] = nsys_stats(cfg.replace(profile=False, nvtx=True, steps=size.pick(4, 20),
                                              out_dir=f"{base.out_dir}/timeline_nsys"), out)
     return {"02_timeline": figures}
 
 
 def nsys_stats(cfg, out: Path) -> str | None:
     """Run `cfg` under nsys as jobs/02_nsys.sbatch does (the timed window, CUDA graph nodes) and write its kernel
-    and NVTX summaries to out/02_nsys_stats.txt. Returns nsys's version line, or None where nsys is missing."""
+    and NVTX summaries to out/02_nsys_stats.txt. Returns nsys's version line (", failed" added where it failed),
+    or None where nsys is missing."""
     nsys = shutil.which("nsys")
     if nsys is None:
         print("nsys: not installed on this machine, so no 02_nsys_stats.txt", flush=True)
         return None
     report = Path(cfg.out_dir) / "nsys" / "timeline"
     report.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([nsys, "profile", "--trace=cuda,nvtx,osrt", "--capture-range=cudaProfilerApi",
-                    "--capture-range-end=stop", "--cuda-graph-trace=node", "--force-overwrite=true",
-                    f"--output={report}", sys.executable, "-m", "tutorial_lib", "train", *cfg.to_overrides()],
-                   check=True)
-    stats = subprocess.run([nsys, "stats", "--report", "nvtx_sum", "--report", "cuda_gpu_kern_sum",
-                            "--force-export=true", f"{report}.nsys-rep"], check=True, capture_output=True, text=True)
+    version = subprocess.run([nsys, "--version"], capture_output=True, text=True).stdout.strip() or "nsys"
+    try:
+        subprocess.run([nsys, "profile", "--trace=cuda,nvtx,osrt", "--capture-range=cudaProfilerApi",
+                        "--capture-range-end=stop", "--cuda-graph-trace=node", "--force-overwrite=true",
+                        f"--output={report}", sys.executable, "-m", "tutorial_lib", "train", *cfg.to_overrides()],
+                       check=True)
+        stats = subprocess.run([nsys, "stats", "--report", "nvtx_sum", "--report", "cuda_gpu_kern_sum",
+                                "--force-export=true", f"{report}.nsys-rep"], check=True, capture_output=True,
+                               text=True)
+    except subprocess.CalledProcessError as e:  # the timelines are kept; the record names the failure
+        print(f"nsys: {version} failed ({e}); no 02_nsys_stats.txt", flush=True)
+        return f"{version}, failed"
     (Path(out) / "02_nsys_stats.txt").write_text(stats.stdout)
-    version = subprocess.run([nsys, "--version"], capture_output=True, text=True).stdout.strip()
     print(f"nsys: {version}; wrote {Path(out) / '02_nsys_stats.txt'}", flush=True)
-    return version or "nsys"
+    return version
+
+
+def stats_excerpt(text: str, rows: int = 6, width: int = 150) -> str:
+    """The top `rows` rows of each report in `nsys stats` text (its title, header and rule kept), lines cut at
+    `width`: a screen of the kernel and NVTX summaries instead of every kernel."""
+    if not isinstance(rows, int) or rows < 1:
+        raise UserError(f"rows={rows!r} must be a whole number of at least 1, e.g. rows=6")
+    out, kept = [], None
+    for line in text.splitlines():
+        if line.lstrip().startswith("** "):  # a report's title: "** CUDA GPU Kernel Summary (cuda_gpu_kern_sum):"
+            out += [""] if out else []
+            out.append(line.strip())
+            kept = 0
+        elif kept is not None and line.strip() and kept < rows + 2:  # the header, its rule, then the rows
+            out.append(line if len(line) <= width else line[: width - 1] + "~")
+            kept += 1
+    return "\n".join(out) if out else "(no report in this nsys stats text)"
