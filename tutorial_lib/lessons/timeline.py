@@ -133,9 +133,10 @@ def _panel(ax, title: str, t: dict) -> None:
     colors = {"gpu": "tab:blue", "main": "0.35", "cpu": "0.6"}
     for part in [p for p in PARTS if any(q == p for *_, q in t["phases"])]:  # copy over data: it lies inside
         ax.broken_barh([(s, e - s) for s, e, p in t["phases"] if p == part], (-0.4, 0.8), color=PART_COLORS[part],
-                       label=PART_LABELS[part])
+                       linewidth=0, label=PART_LABELS[part])
     for i, r in enumerate(t["rows"], start=1):
-        ax.broken_barh([(s, max(e - s, 1e-3)) for s, e in r["spans"]], (i - 0.4, 0.8), color=colors[r["kind"]])
+        ax.broken_barh([(s, e - s) for s, e in r["spans"]], (i - 0.4, 0.8), color=colors[r["kind"]],
+                       linewidth=0)  # no outline: a 3 us kernel stays as thin as it is, the gaps beside it visible
     for _, s, _ in t["steps"][1:]:
         ax.axvline(s, color="k", ls="--", lw=0.8)
     ax.set_yticks(range(len(names)), names, fontsize=8)
