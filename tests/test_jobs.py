@@ -269,6 +269,16 @@ def test_bad_file_name_and_parallel_mismatch_are_refused():
         jobs.render("demo")
 
 
+def test_a_sharded_run_on_one_gpu_renders_through_torchrun_and_is_refused_without_it():
+    """parallel=fsdp on one process needs a launcher: mode=torchrun with one GPU renders (a checkpoint of N ranks
+    resumed on one, the same global batch), one process started directly is refused with the run's own words."""
+    cfg = tiny(parallel="fsdp", global_batch_size=16)
+    text = jobs.render("demo", cfg, site="local", gpus_per_node=1, mode="torchrun")
+    assert "python -m tutorial_lib.launcher --standalone --nproc_per_node=1" in text
+    with pytest.raises(UserError, match="parallel='fsdp' needs one process per device started by a launcher"):
+        jobs.render("demo", cfg, site="local", gpus_per_node=1)
+
+
 def test_override_values_are_quoted_for_the_shell():
     text = jobs.render("demo", tiny(out_dir="runs/it's here; rm -rf ~"), site="generic")
     assert "out_dir='runs/it'\"'\"'s here; rm -rf ~'" in text

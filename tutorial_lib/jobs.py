@@ -176,8 +176,14 @@ class Program:
     workers: int | None = None  # num_workers, where the config sets a number (None: auto)
 
 
-def _training(cfg: TrainConfig, name: str, world_size: int) -> Program:
-    check_as_in_the_job(cfg, world_size)
+def _launched(r: Resources) -> bool:
+    """Whether the job's processes learn their rank from a launcher (distributed.read_env): torchrun's, also for
+    one process; srun's tasks when there are several."""
+    return r.mode in ("torchrun", "multinode") or r.nodes * procs_per_node(r) > 1
+
+
+def _training(cfg: TrainConfig, name: str, world_size: int, launched: bool) -> Program:
+    check_as_in_the_job(cfg, world_size, launched)
     default = TrainConfig()
     if cfg.out_dir == default.out_dir:
         cfg = cfg.replace(out_dir=f"runs/{name}")  # each job its own folder
@@ -232,13 +238,13 @@ def render(name: str, cfg: TrainConfig | None = None, *, site: str | None = None
     r = resolve(resources(**resource_values), profile, one_process=cfg is not None and cfg.parallel == "dp")
     points = sweep_points(sweep)
     if points and cfg is not None:
-        points = as_read(cfg, points, r.nodes * procs_per_node(r))
+        points = as_read(cfg, points, r.nodes * procs_per_node(r), _launched(r))
     if points and r.array is not None:
         raise UserError(f"array={r.array!r} and a sweep both set the array; leave array out (the sweep sets it)")
     world = r.nodes * procs_per_node(r)
     if cfg is not None and r.nsys and not cfg.nvtx:
         cfg = cfg.replace(nvtx=True)  # the training marks forward, backward, optimizer... as NVTX ranges
-    program = _training(cfg, name, world) if cfg is not None else _command(command)
+    program = _training(cfg, name, world, _launched(r)) if cfg is not None else _command(command)
     if r.line_profile and not program.training:
         raise UserError("line_profile profiles the training (-m tutorial_lib train); for a command of your own, "
                         "put kernprof -l in the command itself")

@@ -33,7 +33,8 @@ def sweep_points(sweep: dict[str, list] | list[dict] | None) -> list[dict[str, s
     return points
 
 
-def as_read(cfg: TrainConfig, points: list[dict[str, str]], world_size: int) -> list[dict[str, str]]:
+def as_read(cfg: TrainConfig, points: list[dict[str, str]], world_size: int,
+            launched: bool | None = None) -> list[dict[str, str]]:
     """Each point's values as the config reads them (` 2` is 2, `1e-3` is 0.001, `yes` is true), so that what
     the job file says is what runs; a point the run would refuse (at its start, on `world_size` processes) is
     refused now."""
@@ -41,18 +42,20 @@ def as_read(cfg: TrainConfig, points: list[dict[str, str]], world_size: int) -> 
     for point in points:
         try:
             read = load(None, [*cfg.to_overrides(), *(f"{k}={v}" for k, v in point.items())])
-            check_as_in_the_job(read, world_size)
+            check_as_in_the_job(read, world_size, launched)
         except ConfigError as e:
             raise UserError(f"sweep point {point}: {e}") from None
         out.append({k: format_value(getattr(read, k)) for k in point})
     return out
 
 
-def check_as_in_the_job(cfg: TrainConfig, world_size: int) -> None:
+def check_as_in_the_job(cfg: TrainConfig, world_size: int, launched: bool | None = None) -> None:
     """The checks the run makes at its start (on a GPU, unless device=cpu), made now: a job that would fail in the
-    queue fails here, with the same one-line error."""
+    queue fails here, with the same one-line error. launched: the job starts its processes through a launcher
+    (torchrun, srun tasks), also when it starts one; unset, when it starts several."""
     check_world(cfg.parallel, world_size)
-    cfg.check_runtime("cpu" if cfg.device == "cpu" else "cuda", world_size, launched=world_size > 1)
+    launched = world_size > 1 if launched is None else launched
+    cfg.check_runtime("cpu" if cfg.device == "cpu" else "cuda", world_size, launched=launched)
     check_eval_every(cfg, cfg.steps or 2**62)  # steps unset: the epochs' steps are checked by the run
 
 
