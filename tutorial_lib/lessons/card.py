@@ -32,7 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import allreduce, bench, card_ddp, card_decide, card_input, ladder, noise, size as size_switch
+from . import allreduce, bench, card_ddp, card_decide, card_input, card_memory, ladder, noise, size as size_switch
+from .card_memory import largest_batch, search_batch  # noqa: F401  (the card's, and its tests')
 from .card_report import Card, write_job
 from .. import engine, flops, oom, ownmodel, sites
 from ..config import TrainConfig, UserError, load
@@ -52,10 +53,12 @@ class CardSizes:
     budget_s: float  # rungs that would start after this many seconds are skipped
     batch_cap: int  # the largest-batch search stops here (GPU)
     settle: bool = True  # run longer a rung the rule can't yet tell from its row, while the budget lasts
+    checkpointed_s: float = 0  # the largest-batch search with activation checkpointing stops after this (GPU)
 
 
 SMALL = CardSizes(steps=6, window=2, warmup=1, budget_s=90, batch_cap=0, settle=False)
-FULL = CardSizes(steps=30, window=6, warmup=5, budget_s=140, batch_cap=4096)
+# one H200: the rungs <= 100 s, the two searches ~10 + <= 20 s, the recommendation and DDP in one process ~10-40 s
+FULL = CardSizes(steps=30, window=6, warmup=5, budget_s=100, batch_cap=4096, checkpointed_s=20)
 # the card's own keys (everything else is a TrainConfig field, the base of every rung)
 CARD_KEYS = {"steps": "timed steps per measure", "window": "steps per timed window", "warmup": "untimed steps first",
              "out": "folder of card.json, card.md, the runs and the job", "site": "site profile of the job",
@@ -92,7 +95,7 @@ def card(model: Any, batch: Any = None, loss: Any = None, *, small: bool | None 
     rows = measure_rungs(parts, plan, sizes, say, card_input.resident_parts(parts, cfg))
     rec = card_decide.recommendation(rows, plan, recommend(rows, plan), lambda c: measure_rung(
         parts, card_decide.RECOMMENDED, timed(c, sizes)), SPEED_KEYS)  # without what measured slower, measured
-    memory = largest_batch(parts, rec["config"], probe, sizes.batch_cap)
+    memory = largest_batch(parts, rec["config"], probe, sizes.batch_cap, sizes.checkpointed_s)
     alone = card_ddp.one_process(lambda c: measure_rung(parts, card_ddp.ONE_PROCESS, timed(c, sizes)), rec)
     ddp = predict_ddp(probe, rec["row"], alone, opts.get("site"))
     ddp["measured"] = card_ddp.measure(specs, rec["config"], ddp_gpus, no_ddp, sizes, out)
@@ -205,6 +208,7 @@ def probe_model(parts: ownmodel.Parts, cfg: TrainConfig) -> dict:
     checks every rule of ownmodel at once (before anything is timed) and describes the model."""
     device = engine.distributed.pick_device(cfg.device)
     inp = ownmodel.UserInput(parts.source, cfg.batch_size, 0, False)
+    saved: dict = {}
     batches = inp.epoch(0)
     x, y = next(batches)
     for _ in range(min(2, inp.steps_per_epoch - 1)):  # shapes that vary show in the first batches: say so now
@@ -216,9 +220,10 @@ def probe_model(parts: ownmodel.Parts, cfg: TrainConfig) -> dict:
         # so a probe with it off would leave its untuned choice to every rung of the same shape (notebook 01)
         with engine.backend_flags(), flops.Counter() as counter, _countable_attention(device):
             engine.set_cudnn_benchmark(cfg)
-            output = model(xd)
-            described = _describe(output)
-            loss = ownmodel.check_loss(parts.loss(output, yd)) if parts.loss else ownmodel.default_loss(output, yd)
+            with card_memory.saved_activations(model, saved):  # the activations' bytes (card_memory.outlook)
+                output = model(xd)
+                described = _describe(output)
+                loss = ownmodel.check_loss(parts.loss(output, yd)) if parts.loss else ownmodel.default_loss(output, yd)
             counter.forward_done()
             loss.backward()
     except UserError:
@@ -242,6 +247,8 @@ def probe_model(parts: ownmodel.Parts, cfg: TrainConfig) -> dict:
             "params": sum(p.numel() for p in grads), "grad_bytes": sum(p.numel() * p.element_size() for p in grads),
             "convolutions": convs, "flops_per_sample": parts.flops_per_sample,
             "flops_forward": step.forward or None, "flops_how": step.how,
+            "activation_bytes": saved["bytes"], "checkpointed_activation_bytes": saved["checkpointed_bytes"],
+            "block_bytes": card_memory.largest_block_bytes(model), "blocks": len(card_memory.blocks.find(model)),
             "source": type(loader.dataset).__name__ + " in a DataLoader" if loader is not None else
             "a function, called every step" if callable(source) else "one batch, reused every step",
             "workers": cfg.num_workers if isinstance(source, torch.utils.data.Dataset) else
@@ -366,79 +373,6 @@ def recommend(rows: list[dict], plan: list[tuple]) -> dict:
     fp32, chosen = configs["fp32"], configs[pick["rung"]]
     changes = {k: getattr(chosen, k) for k in SPEED_KEYS if getattr(chosen, k) != getattr(fp32, k)}
     return {"rung": pick["rung"], "fastest": best["rung"], "row": pick, "config": chosen, "changes": changes}
-
-
-def largest_batch(parts: ownmodel.Parts, cfg: TrainConfig, probe: dict, cap: int) -> dict:
-    """On a GPU: the largest batch (a multiple of the user's, the batch repeated) whose eager training step at the
-    recommended precision and layout fits in memory (search_batch, predicting from the memory this process may
-    use); on a CPU, n/a."""
-    b = probe["batch"]
-    if probe["device_type"] != "cuda":
-        return {"largest_batch": None, "why": "n/a on a CPU: host memory swaps before a batch fails to fit; run "
-                                              "the card on a GPU for it"}
-    eager = cfg.replace(compile=False, cuda_graph=False, steps=1, timing_warmup=0, out_dir=f"{cfg.out_dir}_memory")
-    t0 = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()), engine.prepared_run(eager, parts.make_run) as run:
-        x, y = next(run.batches())
-        good, bad = search_batch(lambda k: _peak(run, x, y, k), b, max(cap, b), _budget(run.device))
-    limit = f"{bad:,} did not fit" if bad else f"the search stops at {max(cap, b):,}"
-    return {"largest_batch": good, "why": f"eager step at {cfg.precision}; {limit}", "search_s": time.perf_counter() - t0}
-
-
-def _budget(device) -> float | None:
-    """The bytes this process's steps may use: the driver's free memory and what the allocator already holds (None
-    where the driver can't say: the search then only doubles)."""
-    try:
-        free, _ = torch.cuda.mem_get_info(device)
-        return free + torch.cuda.memory_reserved(device)
-    except RuntimeError:
-        return None
-
-
-PREDICTION_MARGIN = 0.95  # of the memory budget: the allocator's fragmentation and cuDNN's workspaces vary with k
-
-
-def search_batch(peak, batch: int, cap: int, budget: float | None = None) -> tuple[int, int | None]:
-    """(the largest k x batch whose step fits, the smallest that did not or None), within an eighth; peak(k) runs a
-    step at k x batch and gives its peak bytes, or None when it did not fit. Every new batch size costs cuDNN's
-    autotuner a search of every convolution, so the search tries few: with a `budget` (bytes the steps may use),
-    the line through the peaks at k = 1 and 2 predicts the largest k, which is tried next, then one eighth more;
-    without one (or when the prediction misses), k doubles. Then the gap to the first k that did not fit is
-    halved until it is within an eighth. No k beyond cap // batch is tried."""
-    top = max(1, cap // batch)
-    good, bad, grow = 1, None, (lambda k: 2 * k)
-    peak1 = peak(1) if budget and top >= 2 else None
-    if peak1 is not None:
-        peak2 = peak(2)
-        good, bad = (2, None) if peak2 is not None else (1, 2)
-        if peak2 is not None and peak2 > peak1:
-            guess = min(top, int(2 + (PREDICTION_MARGIN * budget - peak2) / (peak2 - peak1)))  # peak2 + per k
-            if guess > good:
-                good, bad = (guess, None) if peak(guess) is not None else (good, guess)
-                grow = (lambda k: k + max(1, k // 8)) if bad is None else grow
-    while bad is None and good < top:
-        k = min(top, grow(good))
-        good, bad = (k, None) if peak(k) is not None else (good, k)
-    while bad is not None and bad - good > max(1, good // 8):
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if peak(mid) is not None else (good, mid)
-    return good * batch, bad * batch if bad else None
-
-
-def _peak(run, x, y, k: int) -> int | None:
-    """The peak bytes the allocator held during one training step at k x the batch, or None when it ran out."""
-    try:
-        torch.cuda.reset_peak_memory_stats(run.device)
-        run.train_step(torch.cat([x] * k), torch.cat([y] * k))
-        torch.cuda.synchronize(run.device)
-        return torch.cuda.max_memory_allocated(run.device)
-    except RuntimeError as e:  # torch.cuda.OutOfMemoryError, or cuDNN's own allocation failing
-        if isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e) or "ALLOC_FAILED" in str(e):
-            return None
-        raise
-    finally:
-        run.opt.zero_grad(set_to_none=True)
-        torch.cuda.empty_cache()
 
 
 def predict_ddp(probe: dict, row: dict, alone: dict, site: str | None = None) -> dict:

@@ -5,6 +5,7 @@ images for torchvision's models. Never pretrained weights.
     python -m tutorial_lib card tutorial_lib.lessons.card_examples:gpt --batch tutorial_lib.lessons.card_examples:tokens
     python -m tutorial_lib card tutorial_lib.lessons.card_examples:resnet50 --batch tutorial_lib.lessons.card_examples:images
     python -m tutorial_lib card tutorial_lib.lessons.card_examples:vit_b_16 --batch tutorial_lib.lessons.card_examples:images
+    python -m tutorial_lib card tutorial_lib.lessons.card_examples:mobilenet_v3_small --batch tutorial_lib.lessons.card_examples:images
 
 The batches come from a pool of a few distinct ones made once on the device (not one batch reused): a synthetic
 input pipeline that costs nothing, so the card's IO is not the limit and its rungs measure the step.
@@ -120,3 +121,11 @@ def vit_b_16() -> nn.Module:
 
     side = size_switch.current().pick(IMAGES_SMALL, IMAGES_FULL)[0]
     return torchvision.models.vit_b_16(weights=None, image_size=side)
+
+
+def mobilenet_v3_small() -> nn.Module:
+    """MobileNetV3-Small: depthwise convolutions (grouped, one channel per group), whose FLOPs torch's counter
+    overcounts in the backward pass (flops.py counts them per group)."""
+    import torchvision
+
+    return torchvision.models.mobilenet_v3_small(weights=None)

@@ -7,7 +7,7 @@ import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import bench, card_input, card_verdict, ladder, noise
+from . import bench, card_input, card_memory, card_verdict, ladder, noise
 from .. import flops, jobs, peaks
 from ..config import TrainConfig, UserError
 from ..perfdoc import fmt
@@ -70,6 +70,8 @@ class Card:
             ("peak memory (recommended, batch %d)" % p["batch"], f"{fmt(r.get('peak_mb'), ',.0f', 'n/a on a CPU')}"
                                                                  + (" MiB" if r.get("peak_mb") else "")),
             ("largest batch that fits", f"{largest:,} ({self.memory['why']})" if largest else self.memory["why"]),
+            ("largest batch with activation checkpointing", card_memory.checkpointed_cell(self.memory, p["batch"])),
+            ("memory per GPU: DDP, FSDP2", card_memory.fsdp_cell(self.memory)),
             ("gradients all-reduced per step", f"{_mb(p['grad_bytes'])} (fp32)"),
             ("all-reduce bus bandwidth", card_verdict.bandwidth_cell(self)),
             ("DDP in one process (its own cost)", one_process_line(alone)),
@@ -113,6 +115,8 @@ class Card:
                    "pass" + ("; each rank's step is DDP's in one process" if alone.get("why") is None
                              else "; DDP's own cost is left out") + _overlap_note(rec.get("changes") or {})
                    + _floor_note(p, self.ddp["bandwidth"]) + ".")
+        estimate = card_memory.estimate_note(self.memory)
+        out += [estimate] if estimate else []
         out.append(card_verdict.formula(self))
         flagged = measured_flag(self.ddp.get("measured") or {}, self.ddp["rows"])
         return out + ([flagged] if flagged else [])
@@ -139,7 +143,8 @@ class Card:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in self.rows:
             if r["skipped"]:
-                cells = [r["rung"], r["change"], ("**failed**: " if r.get("failed") else "skipped: ") + r["skipped"]]
+                said = ("**failed**: " if r.get("failed") else "skipped: ") + r["skipped"]
+                cells = [r["rung"], r["change"], card_verdict.short_cells([("", said)])[0][0][1]]
                 cells += [""] * (len(head) - 3)
             else:
                 fig = ladder.figure(r)
@@ -173,13 +178,16 @@ class Card:
 
     def markdown(self) -> str:
         head = f"## Card: {self.name} on {self.device} (torch {self.torch_version})"
-        rows = ["| | |", "|---|---|"] + [f"| {k} | {str(v).replace('|', '/')} |" for k, v in self.summary_rows()]
+        summary, long = card_verdict.short_cells(self.summary_rows())
+        rows = ["| | |", "|---|---|"] + [f"| {k} | {str(v).replace('|', '/')} |" for k, v in summary]
         note = (f"Each rung is one change on top of the last rung that ran, and keeps every change below it. A rung's "
                 f"figure is the mean of its steps, ± the 95% interval of that mean; two figures differ when the interval "
                 f"of their ratio excludes 1 and, between two runs, by more than {100 * noise.FLOOR:.0f}%. Recommended is "
                 f"the earliest rung not slower than the fastest. Measured in {self.wall_s:.0f} s"
                 + self.phases() + ".")
-        notes = [x for n in self.notes() for x in ("", n)]
+        long += [f"{r['rung']}: {r['skipped']}" for r in self.rows
+                 if r["skipped"] and len(r["skipped"].split()) > card_verdict.CELL_WORDS - 1]
+        notes = [x for n in self.notes() + long for x in ("", n)]
         return "\n".join([head, "", *card_verdict.lines(self), "", *rows, "", self.rung_table(), "", note, "",
                           self.peaks_note(), *notes])
 
@@ -188,6 +196,7 @@ class Card:
         (each part the card timed; '' when it timed none)."""
         parts = [("the rungs", sum(r.get("wall_s") or 0 for r in self.rows) or None),
                  ("the largest-batch search", self.memory.get("search_s")),
+                 ("with activation checkpointing", (self.memory.get("checkpointed") or {}).get("search_s")),
                  ("measuring DDP", (self.ddp.get("measured") or {}).get("wall_s"))]
         said = [f"{what} {s:.0f} s" if s >= 10 else f"{what} {s:.1f} s" for what, s in parts if s]
         return (": " + ", ".join(said)) if said else ""

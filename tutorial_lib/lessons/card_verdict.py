@@ -28,6 +28,9 @@ def lines(card) -> list[str]:
     memory = (f"{r['peak_mb']:,.0f} MiB at batch {p['batch']}; the largest batch that fits: {largest:,}"
               if r.get("peak_mb") and largest else card.memory["why"] if not r.get("peak_mb") else
               f"{r['peak_mb']:,.0f} MiB at batch {p['batch']}")
+    outlook_ = (card.memory.get("outlook") or {})
+    if outlook_.get("ddp_fits") is False:
+        memory += "; DDP's training state does not fit one GPU: FSDP2's estimate is below"
     return [f"- **What bounds it**: {capped or bound}",
             f"- **Recommended**: {rec['rung']} ({changes}), {r['img_s']:,.1f} samples/s, x{r['speedup']:.2f} the "
             "fp32 baseline" + (f"; left out, measured slower: {', '.join(dropped)}" if dropped else ""),
@@ -91,6 +94,20 @@ def _bytes(n: float) -> str:
 
 def _gb_s(v: float) -> str:
     return f"{v:,.1f} GB/s" if v >= 10 else f"{v:.2f} GB/s" if v >= 0.1 else f"{v:.4f} GB/s"
+
+
+def short_cells(rows: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], list[str]]:
+    """The summary's rows with every cell of more than CELL_WORDS words cut to its first words (a long failure
+    message, a long reason), and the notes that give those cells whole."""
+    short, notes = [], []
+    for label, cell in rows:
+        words = str(cell).split()
+        if len(words) > CELL_WORDS:
+            short.append((label, " ".join(words[:CELL_WORDS - 4]) + " ... (in full below)"))
+            notes.append(f"{label[:1].upper()}{label[1:]}: {cell}")
+        else:
+            short.append((label, cell))
+    return short, notes
 
 
 def too_long(cells) -> list[str]:
