@@ -133,6 +133,23 @@ def test_shown_figures_name_the_device_and_the_torch_they_were_measured_with():
         assert re.search(r" on .+, torch \d+\.\d+", head), head
 
 
+def test_show_gives_the_path_of_the_cards_own_page_and_never_overwrites_another(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda x: shown.append(x.data))
+    card = Card(**record())
+    card_plot.show(card)  # no page yet (its job's folder is not here): written to tl.card's default folder
+    page = tmp_path / "runs" / "card_gpt" / "card.md"
+    assert page.read_text() == card.markdown() + "\n" and "`runs/card_gpt/card.md`" in shown[-1]
+    assert all(f"**{label}**" in shown[-1] for label in LABELS) and "| rung |" not in shown[-1]
+    assert "see below" not in shown[-1]  # nothing is below it in a notebook: the page names the peaks
+    assert card_plot.page_path(card) == Path("runs/card_gpt/card.md")  # its own page: found again
+    other = Card(**{**record(), "wall_s": 1.0})
+    with pytest.raises(UserError, match="the page of another card; give folder="):
+        card_plot.page_path(other)
+    assert card_plot.page_path(other, "runs/other") == Path("runs/other/card.md")
+
+
 # ---------------------------------------------------------------------------------------- like with like
 def _two_batches(factor: float = 1.3):
     """The reference GPT card, and the same card at twice the batch `factor` times as fast; the first card's
@@ -172,6 +189,8 @@ def test_the_notebooks_doubled_batch_compares_like_with_like():
     lines = [x for x in printed(cell[0]).splitlines() if x.strip()]
     assert lines and lines[0].startswith("fp32 ")
     for line in lines:
+        if line is not lines[0] and re.match(r"\w+: not compared: ", line):  # a rung the second card did not reach
+            continue
         m = re.match(r"(\w+) at batch (\d+): .*; at batch (\d+): .*; batch (\d+) against batch (\d+): x\d", line)
         assert m, line
         assert m[2] != m[3] and (m[4], m[5]) == (m[3], m[2]), line
@@ -209,7 +228,7 @@ def test_07s_core_fits_its_minutes_and_its_header_says_them():
         sys.path.remove(str(ROOT / "scripts"))
     got = plan.minutes(NOTEBOOK.stem)
     assert got["core"] <= CORE_MINUTES, got
-    assert plan.stated(NOTEBOOK.stem)[0] == round(got["core"])
+    assert abs(plan.stated(NOTEBOOK.stem)[0] - got["core"]) <= 0.15 * got["core"] + 1, "write_headers(only=['07_...'])"
 
 
 def test_mfu_is_said_what_it_is_before_it_is_used():

@@ -19,6 +19,7 @@ from . import card_input, card_verdict, ladder, noise
 from .card_report import Card
 from .. import peaks
 from ..config import UserError
+from ..results import atomic_write_text, make_folder
 
 
 def as_card(card) -> Card:
@@ -99,23 +100,33 @@ def plot(card, title: str | None = None):
 
 
 def page_path(card, folder: str | Path | None = None) -> Path:
-    """The card's whole page, card.md, in `folder` (tl.card's default: runs/card_<model>/), written there from the
-    card when it is not there yet."""
+    """The card's whole page, card.md, in `folder`: by default the folder of its card.json (a path given), of its
+    job, or tl.card's default runs/card_<model>/. Written there from the card when it is not there yet; another
+    card's page there is never overwritten (a one-line error asks for folder=)."""
+    job = None if isinstance(card, (str, Path)) else (as_card(card).job or {}).get("path")
+    if folder is None:
+        folder = (Path(card).parent if isinstance(card, (str, Path)) else
+                  Path(job).parent if job and (Path(job).parent / "card.json").is_file() else None)
     card = as_card(card)
-    folder = Path(folder or f"runs/card_{card.name}")
-    if not (folder / "card.md").is_file():
-        card.save(folder)
-    return folder / "card.md"
+    page = Path(folder or f"runs/card_{card.name}") / "card.md"
+    if not page.is_file():
+        make_folder(page.parent, f"folder={str(page.parent)!r}", "give a folder you can write")
+        atomic_write_text(page, card.markdown() + "\n")
+    elif page.read_text() != card.markdown() + "\n":
+        raise UserError(f"{page} is the page of another card; give folder= (the out= of this card) to show its own")
+    return page
 
 
 def show(card, folder: str | Path | None = None):
     """The card's five-line verdict, its picture and the path of its whole page (a notebook cell's output)."""
     from IPython.display import Markdown, display
 
+    page = page_path(card, folder)
     card = as_card(card)
     head = f"**Card of {card.name} on {card.device}, torch {card.torch_version}**"
-    display(Markdown("\n".join([head, "", *card_verdict.lines(card), "",
-                                f"The whole page (the table, every rung, the notes): `{page_path(card, folder)}`"])))
+    verdict = [line.replace("(see below)", "(the page names the peaks)") for line in card_verdict.lines(card)]
+    display(Markdown("\n".join([head, "", *verdict, "",
+                                f"The whole page (the table, every rung, the notes): `{page}`"])))
     plot(card)
 
 
