@@ -130,3 +130,17 @@ def forms(figures: dict) -> list[dict]:
     return [{"form": name, "about": about, "img_s": figures[f"{name}_img_s"],
              "over_eager": figures[f"{name}_img_s"] / eager if eager else None}
             for name, about in FORMS.items() if f"{name}_img_s" in figures]
+
+
+def card(record: dict) -> str:
+    """'4x NVIDIA H200': the GPUs a record's figures ran on."""
+    return f"{record['figures'].get('gpus') or record['gpus']}x {record['card']}"
+
+
+def card_note(record: dict, section: dict | None) -> str | None:
+    """A line where a case-study record ran on another card than `section`'s reference (notebook 05's section
+    4): its figures compare within their own table, not across cards. None where the cards are the same."""
+    if section is None or card(record) == card(section):
+        return None
+    return (f"(these ran on {card(record)}, section 4's on {card(section)}: another card, so compare rows within "
+            "this table, not with section 4)")

@@ -19,6 +19,7 @@ and name, once each, the cases the record lacks (GROUPS) and why.
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -187,7 +188,16 @@ def comparison(figures: dict, name: str) -> dict | None:
     return {"case": name, "about": rec["about"], "gpus": p.gpus, "batch_per_gpu": p.batch_per_gpu,
             "img_s": p.img_s, "baseline": figures["cases"][base_name]["about"],
             "baseline_img_s": base["throughput_img_s"], "speedup": p.speedup, "efficiency": p.efficiency,
-            "efficiency_band": v["efficiency_band"], "verdict": v["verdict"]}
+            "efficiency_band": v["efficiency_band"], "verdict": against_one(v)}
+
+
+def against_one(v: dict) -> str:
+    """tl.scaling.scaling_verdict's words, saying also where a run is no faster than one GPU: the rule finds it
+    equal to one GPU ('no faster than one GPU'), or can't tell ('not shown faster than one GPU')."""
+    words = v["verdict"]
+    if "than one GPU" in words or v["vs_one"] not in ("≈", "?"):
+        return words
+    return words + (", no faster than one GPU" if v["vs_one"] == "≈" else ", not shown faster than one GPU")
 
 
 def rows(figures: dict, parallel: str | None = None) -> list[dict]:
@@ -316,3 +326,173 @@ def rank_traces(figures: dict) -> tuple[str, dict] | tuple[None, None]:
         if rec.get("trace"):
             return rec["about"], rec["trace"]
     return None, None
+
+
+# ---------------------------------------------------------------------------------------- the live run
+def stand_in(cfg: TrainConfig, nproc: int) -> tuple[TrainConfig, int, str]:
+    """What this server runs DDP on: (config, processes, in words): `nproc` GPUs (tl.notebook.gpus_for), or with
+    fewer than 2, 2 CPU processes through gloo in the CPU's tiny recipe (ImageNet stem, batch 16, fp32, 8 steps)."""
+    if nproc and cfg.device != "cpu" and torch.cuda.device_count() >= nproc:
+        return cfg, nproc, f"{nproc} GPUs (NCCL)"
+    cpu = cfg.replace(device="cpu", model="resnet18_imagenet", batch_size=16, precision="fp32", channels_last=False,
+                      train_size=512, steps=8, timing_warmup=2, log_every=4)
+    return cpu, 2, "2 CPU processes (gloo)"
+
+
+def one_process(cfg: TrainConfig, nproc: int):
+    """The recipe in this process, without DDP, with the cores one of `nproc` CPU ranks gets (as tl.launch)."""
+    from .. import engine
+    from ..config import usable_cpus
+
+    threads = torch.get_num_threads()
+    if cfg.device == "cpu":
+        torch.set_num_threads(max(1, usable_cpus() // nproc))
+    try:
+        return engine.train(cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def rank_parts(run_dir: str | Path) -> dict[str, dict]:
+    """Per rank of a traced run (tl.trace_summary), ms per profiled step in each of trace_summary's parts."""
+    from .. import trace_summary
+
+    return {t.worker: dict(t.parts_ms) for t in trace_summary.summarize(run_dir)}
+
+
+def reference_parts(figures: dict) -> tuple[str | None, dict]:
+    """The reference's traced DDP case: what it is, and per rank ms per profiled step in each part."""
+    about, ranks = rank_traces(figures)
+    return about, {w: t["parts_ms"] for w, t in (ranks or {}).items()}
+
+
+def _numel(event: dict) -> int | None:
+    """The elements of a collective's first tensor, from the trace's shapes (None without them)."""
+    dims = event.get("args", {}).get("Input Dims") or [[]]
+    first = dims[0][0] if dims[0] and isinstance(dims[0][0], list) else dims[0]
+    return math.prod(first) if first else None
+
+
+def collectives(run_dir: str | Path) -> dict[str, list[tuple[str, int | None, float]]]:
+    """Per rank of a traced run: every collective the host called (c10d::...), the elements of its first tensor,
+    and its calls per profiled step."""
+    from collections import Counter
+
+    from .. import trace_summary
+
+    out = {}
+    for worker, files in trace_summary.find_traces(run_dir).items():
+        events = trace_summary.read_trace(files[-1])["traceEvents"]
+        steps = sum(1 for e in events if str(e.get("name", "")).startswith("ProfilerStep#")) or 1
+        calls = Counter((e["name"].removeprefix("c10d::"), _numel(e)) for e in events
+                        if e.get("cat") == "cpu_op" and e["name"].startswith("c10d::"))
+        out[worker] = [(name, size, c / steps) for (name, size), c in sorted(calls.items(), key=lambda kv: str(kv))]
+    return out
+
+
+def collective_lines(run_dir: str | Path) -> list[str]:
+    return [f"{worker}, per step: " + ", ".join(f"{n}" + (f" of {s:,}" if s else "") + f" x{c:g}" for n, s, c in calls)
+            for worker, calls in collectives(run_dir).items()]
+
+
+def memory_sides(figures: dict) -> list[str]:
+    """What section 4's memory lines say, by the rule (noise.compare of single figures: the 5% floor): under
+    DataParallel GPU 0 against the most any other GPU holds; eager DDP's GPU against DataParallel's GPU 0 on as
+    many GPUs at the same batch. The premise question 2 rests on."""
+    rec = {r["case"]: r for r in rows(figures)}
+    mem = {c: figures["cases"][c].get("monitor", {}).get("mem_used_mib") for c in rec}
+    out = []
+    said = {"higher": "more than", "lower": "less than", "equal": "about as much as", "not settled": "not settled against"}
+    for case, m in mem.items():
+        if m and case.startswith("dp_") and len(m) > 1:
+            r = noise.compare(noise.Figure.of(m[0]), noise.Figure.of(max(m[1:])))
+            out.append(f"{rec[case]['about']}: GPU 0 {m[0]:,.0f} MiB, {said[r.verdict]} any other GPU "
+                       f"(at most {max(m[1:]):,.0f} MiB: {r})")
+            ddp = mem.get(case.replace("dp_", "ddp_eager_"))
+            if ddp:
+                d = noise.compare(noise.Figure.of(max(ddp)), noise.Figure.of(m[0]))
+                out.append(f"  DDP eager on as many GPUs: at most {max(ddp):,.0f} MiB per GPU, {said[d.verdict]} "
+                           f"DataParallel's GPU 0 ({d})")
+    return out
+
+
+def _quietly(run, *args, **kw):
+    """run(*args, **kw) with its output held back: the torchrun line is printed, the rest only on a failure."""
+    import contextlib
+    import io
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said):
+            out = run(*args, **kw)
+    except BaseException:
+        print(said.getvalue()[-3000:])
+        raise
+    print(next((line for line in said.getvalue().splitlines() if line.startswith("$ torchrun")), ""), end="")
+    return out
+
+
+def live(cfg: TrainConfig, nproc: int, out: str = "runs/05") -> tuple:
+    """The engine's DDP on `nproc` processes (tl.launch) beside the same recipe in one process (one_process):
+    (one process's result, DDP's result)."""
+    from .. import engine
+
+    single = _quietly(one_process, cfg.replace(out_dir=f"{out}/single"), nproc)
+    ddp = _quietly(engine.launch, cfg.replace(out_dir=f"{out}/ddp"), nproc=nproc)
+    print()
+    return single, ddp
+
+
+def traced_run(cfg: TrainConfig, nproc: int, out_dir: str = "runs/05/ddp_traced") -> str:
+    """DDP again with a trace on every rank, 2 steps recorded near the end (a trace slows the run: its img/s is
+    not one to quote). Returns the run's folder, for rank_parts and collectives."""
+    from .. import engine
+
+    traced = cfg.replace(out_dir=out_dir, profile=True, profile_ranks="all", profile_warmup=1, profile_active=2,
+                         profile_memory=False, profile_wait=max(1, min(100, cfg.steps - 4)))
+    _quietly(engine.launch, traced, nproc=nproc)
+    print()
+    return out_dir
+
+
+STACK = {  # the parts of tl.trace_summary a rank's bar stacks, in three
+    "compute (forward, backward, optimizer, copies)": (("compute", "optimizer", "copy"), "tab:blue"),
+    "all-reduce not hidden by compute": (("comm",), "tab:purple"),
+    "waiting (idle, data)": (("idle", "data"), "lightgray")}
+
+
+def stacked(parts_ms: dict) -> dict[str, float]:
+    """A rank's step in STACK's three parts, ms per profiled step."""
+    return {label: sum(parts_ms.get(p, 0.0) for p in keys) for label, (keys, _) in STACK.items()}
+
+
+def rank_bars(panels: list[tuple[str, dict]]):
+    """One panel per (title, {rank: parts_ms}): each rank's step as a stacked bar (STACK). Returns the Figure."""
+    import matplotlib.pyplot as plt
+
+    panels = [(title, ranks) for title, ranks in panels if ranks]
+    if not panels:
+        raise UserError("rank_bars: no panel has ranks; pass (title, {rank: parts_ms}) pairs from a traced run")
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 2.6), squeeze=False)
+    for ax, (title, ranks) in zip(axes[0], panels):
+        left = [0.0] * len(ranks)
+        for label, (_, color) in STACK.items():
+            ms = [stacked(p)[label] for p in ranks.values()]
+            ax.barh(range(len(ranks)), ms, left=left, color=color, label=label)
+            left = [a + b for a, b in zip(left, ms)]
+        ax.set_yticks(range(len(ranks)), list(ranks))
+        ax.invert_yaxis()
+        ax.set_xlabel("ms per profiled step")
+        ax.set_title(title, fontsize=8)
+    axes[0][0].legend(fontsize=7, ncol=3, loc="upper left", bbox_to_anchor=(0, -0.3), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def spread_line(ranks: dict) -> str:
+    """In which of STACK's parts the ranks differ most and least (the range over the ranks, ms per step)."""
+    parts = [stacked(p) for p in ranks.values()]
+    span = {label.split(" (")[0]: (min(p[label] for p in parts), max(p[label] for p in parts)) for label in STACK}
+    most, least = max(span, key=lambda k: span[k][1] - span[k][0]), min(span, key=lambda k: span[k][1] - span[k][0])
+    return (f"the ranks differ most in {most} ({span[most][0]:.2f}-{span[most][1]:.2f} ms), least in {least} "
+            f"({span[least][0]:.2f}-{span[least][1]:.2f} ms)")
