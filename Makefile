@@ -63,11 +63,15 @@ warm: venv
 # The browser test needs Debian's chromium + chromium-driver: installed here as root, else it is skipped.
 # The hub test needs what `make hub` prepares (configurable-http-proxy from npm, the learners' shared
 # environment, their accounts and clones): prepared here as root; the test starts and stops its own hub.
+# The hub's preparation (npm, accounts, clones) runs beside the browser's (apt): neither needs the other, and on
+# a fresh machine both mostly wait for downloads. Its words follow once both are done.
 test: venv
 	@if [ "$$(id -u)" = 0 ]; then bash scripts/slurm/local-cluster.sh up; \
 	else echo "not root: the local Slurm cluster is not started and the Slurm tests will be skipped"; fi
-	@bash scripts/install-browser.sh
-	@if [ "$$(id -u)" = 0 ]; then bash scripts/hub/hub.sh prepare || echo "hub: not prepared (above): the hub test will fail"; fi
+	@hub=; if [ "$$(id -u)" = 0 ]; then mkdir -p build; bash scripts/hub/hub.sh prepare >build/hub-prepare.log 2>&1 & \
+	hub=$$!; fi; bash scripts/install-browser.sh; browser=$$?; \
+	if [ -n "$$hub" ]; then prepared=0; wait "$$hub" || prepared=$$?; cat build/hub-prepare.log; \
+	[ "$$prepared" = 0 ] || echo "hub: not prepared (above): the hub test will fail"; fi; exit "$$browser"
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest --nbval-lax --nbval-current-env --durations=40 tests notebooks
 
 data: venv
