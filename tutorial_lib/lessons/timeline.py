@@ -109,7 +109,7 @@ def _ms(ivs, lo) -> list[list[float]]:
 def idle_line(where: str, t: dict) -> str:
     """'NVIDIA H200, fp32: the GPU ran nothing for 4% of 2 steps (61.2 ms)' for one summary."""
     who = "the GPU ran nothing" if t["view"] == "gpu" else "the training thread ran no operator"
-    return f"{where}: {who} for {t['idle_share']:.0%} of {len(t['steps'])} steps ({t['window_ms']:.1f} ms)"
+    return f"{where}: {who} for {t['idle_share']:.0%} of {len(t['steps'])} steps ({t['window_ms']:,.1f} ms)"
 
 
 def plot(panels: list[tuple[str, dict]]):
