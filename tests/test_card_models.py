@@ -143,8 +143,8 @@ def test_the_card_on_a_model_of_its_own(name, tmp_path):
         said = card_input.cap(r)  # yet tell the two apart on a loaded CPU, and says so)
         assert said in ("input", "model", "not settled") and card_input.cap_cell(r).startswith(said)
         assert (said != "model") == (name == "slow_batches"), (name, r["rung"], card_input.cap_cell(r))
-        if name == "slow_batches":  # the model alone, on one resident batch, far faster than on 300 ms batches
-            assert r["resident"]["img_s"] > 2 * r["img_s"] and card_input.waited(r) > card_input.WAIT_SHARE
+        if name == "slow_batches":  # the model alone, on one resident batch, faster than on 300 ms batches
+            assert r["resident"]["img_s"] > r["img_s"] and card_input.waited(r) > card_input.WAIT_SHARE
     rungs_s = sum(r.get("wall_s") or 0 for r in c.rows)
     assert rungs_s <= card_module.SMALL.budget_s and "time budget" not in page  # every rung ran within its budget
     assert not card_verdict.too_long(page_cells(page)), card_verdict.too_long(page_cells(page))

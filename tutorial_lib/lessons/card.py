@@ -57,8 +57,9 @@ class CardSizes:
 
 
 SMALL = CardSizes(steps=6, window=2, warmup=1, budget_s=90, batch_cap=0, settle=False)
-# one H200: the rungs <= 100 s, the two searches ~10 + <= 20 s, the recommendation and DDP in one process ~10-40 s
-FULL = CardSizes(steps=30, window=6, warmup=5, budget_s=100, batch_cap=4096, checkpointed_s=20)
+# one H200 (ResNet-50): probe and bench ~15 s, the rungs <= 90 s (75 before any is settled), the recommendation and
+# DDP in one process ~10-35 s each (compiled again), the two largest-batch searches ~10 + <= 15 s: about 170 s
+FULL = CardSizes(steps=30, window=6, warmup=5, budget_s=90, batch_cap=4096, checkpointed_s=15)
 # the card's own keys (everything else is a TrainConfig field, the base of every rung)
 CARD_KEYS = {"steps": "timed steps per measure", "window": "steps per timed window", "warmup": "untimed steps first",
              "out": "folder of card.json, card.md, the runs and the job", "site": "site profile of the job",
