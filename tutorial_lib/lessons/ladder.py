@@ -340,12 +340,30 @@ def row_line(r: dict) -> str:
         return f"{r['rung']:15s} skipped: {r['skipped']}"
     return (f"{r['rung']:15s} {r['img_s']:>9,.0f} img/s  step {r['step_ms']:.1f} ms  peak {perfdoc.fmt(r['peak_mb'], ',.0f')} MB"
             f"  MFU {perfdoc.fmt(r['mfu'] and 100 * r['mfu'], '.0f')}%  compile {perfdoc.fmt(r['compile_s'], '.0f', '-')} s"
-            f"  loss {r['final_loss']:.3f}  ({r['wall_s']:.0f} s)")
+            f"  ({r['wall_s']:.0f} s)")
 
 
 def markdown(rows: list[dict]) -> str:
-    """The ladder as a markdown table, each rung judged against the row it changes (notebook 04, the CLI)."""
+    """The ladder as a markdown table, each rung judged against the row it changes (the CLI, ladder.md)."""
     return perfdoc.ladder_table(rows, verdicts(rows))
+
+
+def table(rows: list[dict]) -> str:
+    """The ladder as notebook 04 shows it: per rung its batch, img/s, speed-up over fp32, the verdict against the
+    row it changes, the data wait, its MFU with the peak it is against, and the compile time."""
+    said = verdicts(rows)
+    lines = ["| rung | batch | img/s | x fp32 | against the row it changes | data wait ms | MFU (of the dense peak, "
+             "TFLOP/s) | compile s |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["skipped"]:
+            lines.append(f"| {r['rung']} | {r['batch']} | skipped: {r['skipped']} | | | | | |")
+            continue
+        precision, peak = peak_of(r)
+        mfu = f"{100 * r['mfu']:.0f}% of {peak:,.0f} ({precision})" if r.get("mfu") and peak else "n/a"
+        lines.append(f"| {r['rung']} | {r['batch']} | {r['img_s']:,.0f} | {perfdoc.fmt(r.get('speedup'), '.2f')} | "
+                     f"{said.get(r['rung'], '-')} | {perfdoc.fmt(r.get('data_wait_ms'), '.1f')} | {mfu} | "
+                     f"{perfdoc.fmt(r['compile_s'], '.0f', '-')} |")
+    return "\n".join(lines)
 
 
 def save(rows: list[dict], out_dir: str | Path, traces: dict | None = None) -> tuple[Path, Path]:
@@ -425,13 +443,30 @@ def reference_names(prefix: str, device: str) -> tuple[str, str]:
     return prefix, f"{prefix}_{card_slug(device)}"
 
 
-def shown_reference(prefix: str, device: str, folder=None) -> str:
+def shown_reference(prefix: str, device: str, folder=None, default: str | None = None) -> str:
     """The reference notebook 04 shows on `device` (a name as engine.device_name gives it): the card's own run
-    where one was recorded ('04_ladder_h200' on an NVIDIA H200), else `prefix` (on a CPU, or on a card no
-    reference run has measured)."""
+    where one was recorded ('04_ladder_h200' on an NVIDIA H200), else `default` where that file exists (the
+    reference card's run), else `prefix` (on a CPU, or on a card no reference run has measured)."""
     own = reference_names(prefix, device)[1]
     on_gpu = not device.upper().startswith("CPU")
-    return own if on_gpu and reference.path(own, folder).is_file() else prefix
+    if on_gpu and reference.path(own, folder).is_file():
+        return own
+    return default if default and reference.path(default, folder).is_file() else prefix
+
+
+def precision_of(rung: str) -> str:
+    """The precision a rung of the ladder trains in (fp32 with TF32 off, tf32, bf16, fp16): its MFU's peak."""
+    plan = {r.name: cfg.precision for r, cfg, _ in configs(GPU)}
+    if rung not in plan:
+        raise UserError(f"no rung named {rung!r}; the rungs are {', '.join(plan)}")
+    return plan[rung]
+
+
+def peak_of(row: dict) -> tuple[str, float | None]:
+    """(precision, dense peak TFLOP/s) a measured row's MFU is against: its rung's precision on its device
+    (tutorial_lib/peaks.py; None for a CPU or a card not in the table)."""
+    precision = precision_of(row["rung"])
+    return precision, peaks.peak_tflops(row["device"], precision)
 
 
 def reference_figures(rows: list[dict], trace: dict) -> dict:
