@@ -153,3 +153,20 @@ def test_notebook_02_commits_its_timeline_picture():
     assert drawn, "notebook 02 draws no timeline (tl.timeline.plot)"
     assert any("image/png" in o.get("data", {}) for c in drawn for o in c.get("outputs", [])), \
         "notebook 02's timeline cell has no picture in its committed outputs: execute it in place"
+
+
+def test_the_timeline_study_records_its_timelines_and_nsys_stats(tmp_path, monkeypatch, one_thread):
+    """scripts/gpu/timeline.sh in its small mode, with the stand-in nsys: the record the notebook reads."""
+    from tutorial_lib import reference
+    from tutorial_lib.lessons import size, studies
+
+    fake_nsys(tmp_path / "bin")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.environ["PATH"])
+    written = studies.run("timeline", size.Size(True, "test"), tmp_path / "out")
+    f = reference.load("02_timeline", tmp_path / "out")["figures"]
+    t = f["timelines"]["fp32"]
+    assert set(written) == {"02_timeline"} and list(f["timelines"]) == ["fp32"]
+    assert t["view"] == "host" and len(t["steps"]) == 2 and 0 <= t["idle_share"] < 1
+    assert t["rows"][0]["kind"] == "main" and t["phases"]
+    assert f["nsys"] == "NVIDIA Nsight Systems version 2099.1"
+    assert (tmp_path / "out" / "02_nsys_stats.txt").read_text() == STATS
