@@ -39,7 +39,31 @@ if PROBLEM and os.environ.get("CI") and os.getuid() == 0:
     raise RuntimeError(f"the Slurm tests can't run in CI: {PROBLEM}")
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(PROBLEM is not None, reason=str(PROBLEM))]
 
-REQUEUE_SECONDS = 65  # of training, measured here: longer than the 60 s time limit, so USR1 always comes first
+# The requeue job's steps. Its first run waits in step REQUEUE_STALL_AT, using no CPU, until the time limit's USR1
+# arrives (REQUEUE_STALL, a Python start-up hook given to that job only) rather than train until then. Slurm sends
+# that USR1 at its first check of the limits (every 30 s) less than 10 + 30 s before the limit: with a limit of one
+# minute 20-50 s after the start, which on a busy 2-core machine came before the job script had set its USR1 trap
+# (the script died of the signal); with two minutes, 80-110 s after the start. The run then stops at that step's
+# end with a checkpoint; the job is requeued, and its next run trains on.
+REQUEUE_STEPS, REQUEUE_STALL_AT = 12, 2
+REQUEUE_STALL = """
+import sys
+import time
+
+if "tutorial_lib" in sys.orig_argv and "train" in sys.orig_argv:  # the training, not the script's other pythons
+    from tutorial_lib import engine
+
+    step = engine.Run.train_step
+
+    def train_step(self, x, y):
+        if self.step + 1 == %d and (self.resumed_from or 0) < self.step + 1:  # not yet stopped after this step
+            deadline = time.monotonic() + 240
+            while not self.stop_requested and time.monotonic() < deadline:
+                time.sleep(0.2)
+        return step(self, x, y)
+
+    engine.Run.train_step = train_step
+""".replace("%d", str(REQUEUE_STALL_AT))
 
 
 def tiny(out_dir: Path, **kw) -> TrainConfig:
@@ -81,36 +105,20 @@ def work(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("slurm")
 
 
-def steps_lasting(seconds: float, work: Path, **cfg) -> int:
-    """How many steps of `cfg` take `seconds` here, with one thread as in the jobs (a short timed run)."""
-    import json
-    import math
-    import sys
-
-    out = work / "calibrate"
-    args = [f"{k}={v}" for k, v in {**cfg, "steps": 12, "timing_warmup": 4, "eval": "false",
-                                     "out_dir": out, "resume": "false"}.items()]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "tutorial_lib", "train", *args], check=True, capture_output=True,
-                   env=env, cwd=ROOT, timeout=300)
-    step_ms = json.loads((out / "result.json").read_text())["step_time_ms"]["median"]
-    return max(50, math.ceil(seconds * 1000 / step_ms))
-
-
-def _requeue_steps(work: Path) -> int:
-    small = {k: v for k, v in tiny(work).to_dict().items() if k in ("dataset", "model", "batch_size", "train_size")}
-    return steps_lasting(REQUEUE_SECONDS, work, device="cpu", num_workers=0, progress="false", tensorboard="false",
-                         **small)
-
-
-def _requeue_spec(work: Path, steps: int) -> dict:
-    return dict(cfg=tiny(work / "requeue", steps=steps, log_every=50), site="local", time="00:01:00", requeue=10)
+def _requeue_spec(work: Path) -> dict:
+    hook = work / "requeue_stall"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(REQUEUE_STALL)
+    return dict(cfg=tiny(work / "requeue", steps=REQUEUE_STEPS, log_every=1), site="local", time="00:02:00",
+                requeue=10, pythonpath=hook)
 
 
 def _submit(name: str, spec: dict, work: Path) -> Job:
     fake = _fake_tools(work / "bin")
-    env = f"--export=ALL,PATH={fake}:{os.environ['PATH']},FAKE_PIDS={work}/smi.pids,FAKE_NSYS_LOG={work}/nsys"
     spec = dict(spec)
+    hook = spec.pop("pythonpath", None)
+    env = (f"--export=ALL,PATH={fake}:{os.environ['PATH']},FAKE_PIDS={work}/smi.pids,FAKE_NSYS_LOG={work}/nsys"
+           + (f",PYTHONPATH={hook}" if hook else ""))
     path = jobs.write(f"t_{name}", spec.pop("cfg"), jobs_dir=work / "jobs", show=False,
                       output=f"{work}/logs/%x-%j.out", **spec)
     return jobs.submit(path, sbatch_args=[env])
@@ -120,27 +128,21 @@ _EARLY: dict = {}  # the requeue job when tests/conftest.py submitted it at the 
 
 
 def submit_requeue_early(work: Path) -> None:
-    """The requeue job must outlive its one-minute time limit several times over, mostly waiting for the
-    controller's signal and the requeue; submitted when the session starts (tests/conftest.py, when this module
-    is selected and the cluster answers), it waits beside the other tests instead of at the end of this module."""
-    steps = _requeue_steps(work)
-    _EARLY.update(steps=steps, job=_submit("requeue", _requeue_spec(work, steps), work))
+    """The requeue job waits one to two minutes for the controller's signal, then for the requeue; submitted when the
+    session starts (tests/conftest.py, when this module is selected and the cluster answers), it waits beside the
+    other tests instead of at the end of this module."""
+    _EARLY.update(job=_submit("requeue", _requeue_spec(work), work))
 
 
 @pytest.fixture(scope="module")
-def requeue_steps(work) -> int:
-    return _EARLY["steps"] if _EARLY else _requeue_steps(work)
-
-
-@pytest.fixture(scope="module")
-def jobs_submitted(work, requeue_steps, request, tmp_path_factory):
+def jobs_submitted(work, request, tmp_path_factory):
     """Render every job into a scratch jobs/ folder and submit them all; name -> Job."""
     from test_slurm_signals import start_beside
 
     start_beside(request.session, tmp_path_factory)  # the stop-signal jobs wait for the cluster beside these
     specs = {
         # the long one first: it needs a time limit to pass (submitted at the session's start when it could be)
-        **({} if _EARLY else {"requeue": _requeue_spec(work, requeue_steps)}),
+        **({} if _EARLY else {"requeue": _requeue_spec(work)}),
         # the default profile, as the committed jobs/ files use it, with the monitor and line_profiler
         "single": dict(cfg=tiny(work / "single"), site="generic", cpus_per_task=1, gpu_monitor=1, line_profile=True),
         "torchrun": dict(cfg=tiny(work / "torchrun", parallel="ddp"), site="local", gpus_per_node=2),
@@ -256,14 +258,15 @@ def test_failing_job_is_reported_failed_with_its_exit_code(jobs_submitted):
     assert "dataset 'cifar10' is not staged in" in job.log(50)
 
 
-def test_job_at_its_time_limit_is_requeued_and_resumes_without_losing_a_step(jobs_submitted, requeue_steps):
+def test_job_at_its_time_limit_is_requeued_and_resumes_without_losing_a_step(jobs_submitted):
     job = jobs_submitted["requeue"]
     assert finished(job, timeout=300) == "COMPLETED"
     assert job.restarts() >= 1
     res = job.result()
     log = job.log(1000)
-    assert res["steps"] == requeue_steps and len(res["loss"]) == requeue_steps
-    assert res["resumed_from_step"] and 0 < res["resumed_from_step"] < requeue_steps
+    assert res["steps"] == REQUEUE_STEPS and len(res["loss"]) == REQUEUE_STEPS
+    assert res["resumed_from_step"] and REQUEUE_STALL_AT <= res["resumed_from_step"] < REQUEUE_STEPS
+    assert f"stopped by SIGUSR1: checkpoint at step {res['resumed_from_step']}" in log
     assert "USR1: the time limit is near" in log and "requeueing job" in log
     assert f"resuming from step {res['resumed_from_step']}" in log
 
