@@ -27,7 +27,7 @@ GUIDE = ROOT / "docs" / "instructor.md"
 TIMINGS = ROOT / "docs" / "notebook_timings.json"
 GPU_TIMINGS = ROOT / "docs" / "notebook_timings_gpu.json"  # the same, from scripts/gpu/notebooks.sh on a GPU node
 PLANNED = ("00_setup", "01_single_gpu", "02_profiling", "03_data_loading", "04_mixed_precision", "05_dp_vs_ddp",
-           "06_scaling", "07_your_own_model")  # the README's eight; a notebook not written yet gets a row its author fills
+           "06_scaling", "07_your_own_model", "08_when_it_does_not_fit")  # the README's eight; a notebook not written yet gets a row its author fills
 
 # ---------------------------------------------------------------------------------------------------- TIME MODEL
 # A notebook's time in a workshop room, counted the same way for every notebook:
