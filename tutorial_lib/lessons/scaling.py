@@ -37,6 +37,7 @@ HELD_FIXED = ("dataset", "model", "optimizer", "precision", "channels_last", "co
 LEDGER_COLUMNS = ("run", "device", "gpus", "batch_per_gpu", "global_batch", "precision", "traced",
                   "throughput_img_s", "step_ms", "val_accuracy", "steps", "lr", "warmup_steps", "seconds",
                   "gpu_hours", "energy_kj", "j_per_image", "gpu_hours_to_target", "kwh_to_target")
+SHOWN_COLUMNS = ("run", "gpus", "batch_per_gpu", "global_batch", "throughput_img_s", "step_ms")  # what a sweep reads
 COST_COLUMNS = ("cost", "cost_unit")  # with a site profile that names a charge per GPU-hour
 
 
@@ -440,12 +441,14 @@ def write_csv(rows: list[dict], path: str | os.PathLike, site=None) -> Path:
     return path
 
 
-def markdown_table(rows: list[dict], root: str | os.PathLike | None = None, site=None) -> str:
+def markdown_table(rows: list[dict], root: str | os.PathLike | None = None, site=None, columns=None) -> str:
     """The ledger as a Markdown table (`root`: the folder it was read from, shown in front of each run's folder;
-    `site`: a sites.Site whose charge per GPU-hour gives a cost column, in its unit)."""
-    columns = LEDGER_COLUMNS + (("cost",) if charged(site) else ())
-    head = [f"cost ({site.charge_unit})" if k == "cost" else k for k in columns]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(columns)]
+    `site`: a charge per GPU-hour gives a cost column; `columns`: e.g. SHOWN_COLUMNS, write_csv keeps all)."""
+    if any(k not in LEDGER_COLUMNS for k in columns or ()):
+        raise UserError(f"columns={columns!r} are not ledger columns; choose from {', '.join(LEDGER_COLUMNS)}")
+    columns = tuple(columns or LEDGER_COLUMNS) + (("cost",) if charged(site) else ())
+    lines = ["| " + " | ".join(f"cost ({site.charge_unit})" if k == "cost" else k for k in columns) + " |",
+             "|" + " --- |" * len(columns)]
     for r in rows:
         row = ledger_row(r, site)
         if root is not None:
@@ -475,9 +478,7 @@ def plot_scaling(points: list[Point], kind: str = "weak", ax=None, label: str | 
     for p in points:
         ax.annotate(f"{100 * p.efficiency:.0f}%", (p.gpus, p.img_s), textcoords="offset points", xytext=(4, -12),
                     fontsize=8)
-    ax.set_xticks(gpus)
-    ax.set_xlabel("GPUs (processes)")
-    ax.set_ylabel("images/s")
+    ax.set(xticks=gpus, xlabel="GPUs (processes)", ylabel="images/s")
     ax.set_title(f"{kind} scaling on {points[0].device}", fontsize=9)
     ax.legend(fontsize=8)
     return ax
@@ -493,7 +494,6 @@ def plot_accuracy(results: dict, target: float | None = None, ax=None):
         ax.plot([h[1] for h in history], [100 * h[2] for h in history], ".-", label=label)
     if target is not None:
         ax.axhline(100 * target, color="gray", ls="--", label=f"target {100 * target:.0f}%")
-    ax.set_xlabel("training seconds (validation passes left out)")
-    ax.set_ylabel("validation accuracy (%)")
+    ax.set(xlabel="training seconds (validation passes left out)", ylabel="validation accuracy (%)")
     ax.legend(fontsize=8)
     return ax

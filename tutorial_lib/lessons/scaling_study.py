@@ -31,6 +31,7 @@ import torch
 
 from . import scaling
 from .cases import Case, Runner, Selection, node_gpus, why_missing
+from .size import Size
 from .. import reference
 from ..config import ROOT, UserError, load
 from ..values import count
@@ -52,6 +53,7 @@ BASE_LR, WARMUP_IMAGES = 2e-3, 100_000
 # which it first met after 66 s. The 4-GPU points have yet to run on it (the 06 record is still the one without).
 RACE_TRAIN, RACE_VAL = 1_000_000, 20_000
 RACE_DATASET = "shapes_faint"
+SMALL = Size(True, "a CPU's tiny sizes")
 
 
 def recipe(size):
@@ -123,12 +125,18 @@ def comm_stage(size, runner: Runner, fig: dict) -> None:
         fig["comm"] = rec["comm"]
 
 
-def baseline_stage(size, runner: Runner, fig: dict) -> None:
-    cfg = load(ROOT / "configs" / "baseline.yaml").replace(
-        steps=size.pick(6, 200), timing_warmup=size.pick(2, 30), eval=False, tensorboard=False,
+def baseline_recipe(size, cpu: bool | None = None):
+    """Notebook 01's baseline (configs/baseline.yaml) as the study measures it and notebook 06 runs it: one
+    measurement, one configuration. `cpu` (default: size.small): the tiny CPU version, whatever the size."""
+    size = SMALL if (size.small if cpu is None else cpu) else size
+    return load(ROOT / "configs" / "baseline.yaml").replace(
+        steps=size.pick(6, 200), timing_warmup=size.pick(2, 30), eval=False, tensorboard=False, progress=False,
         log_every=size.pick(3, 100), train_size=size.pick(256, None), num_workers=size.pick(0, "auto"),
         **({"model": "resnet18_imagenet", "device": "cpu", "batch_size": 8} if size.small else {}))
-    runner.run(_case("baseline", cfg, 1, "notebook 01's baseline, 1 GPU", size.pick(60, 30)))
+
+
+def baseline_stage(size, runner: Runner, fig: dict) -> None:
+    runner.run(_case("baseline", baseline_recipe(size), 1, "notebook 01's baseline, 1 GPU", size.pick(60, 30)))
 
 
 def strong_stage(size, runner: Runner, fig: dict) -> None:
@@ -358,16 +366,6 @@ def race_verdict(fig: dict) -> dict:
     return out
 
 
-def differs(cfg, recipe_cfg=None) -> str:
-    """'configs/optimized.yaml', or that name with the keys of `cfg` that change a GPU's work in a step and
-    differ from it (tl.scaling.HELD_FIXED and the batch): what to print beside a comparison of two recipes."""
-    recipe_cfg = recipe_cfg or load(ROOT / "configs" / "optimized.yaml")
-    keys = [k for k in (*scaling.HELD_FIXED, "batch_size") if k != "train_size"
-            and getattr(cfg, k) != getattr(recipe_cfg, k)]
-    words = ", ".join(f"{k}={getattr(cfg, k)}" for k in keys)
-    return "configs/optimized.yaml" + (f" with {words}" if words else "")
-
-
 def per_rank(figures: dict) -> str:
     """A bench's figures on every rank: 'IO per rank 1,343,437, 803,141; SYNTHETIC per rank ...; FULL ... img/s'."""
     return "; ".join(f"{m.upper()} per rank " + ", ".join(f"{x:,.0f}" for x in f["per_rank_img_s"])
@@ -415,28 +413,6 @@ def bound_lines(fig: dict) -> list[str]:
         out.append(f"one run each: every run at a global batch of {beside[0]['global_batch']:,} needed "
                    + ("fewer" if one > hi else "more") + f" images than one GPU ({lo:,}-{hi:,} against {one:,}); "
                    "repeat the race before you count on it")
-    return out
-
-
-def race_headline(fig: dict) -> list[str]:
-    """Time to the target: one GPU against the fastest run on every GPU, in training seconds and in what a
-    person waits; where it beats N times, why (images per second per GPU at its batch, and images needed)."""
-    rows = race_rows(fig)
-    fastest = min((r for r in rows[1:] if r["seconds_to_target"]), key=lambda r: r["seconds_to_target"], default=None)
-    if not (fastest and race_holds(fig)):
-        return ["time to the target: no headline figure from this record (its race has no target the runs climb "
-                "through)"]
-    one = rows[0]
-    out = [f"time to the target: 1 GPU {one['seconds_to_target']:.1f} s of training -> {fastest['about']} "
-           f"{fastest['seconds_to_target']:.1f} s: {fastest['sooner']:.2f}x sooner ({fastest['sooner_waiting']:.2f}x "
-           "counting the fixed costs)"]
-    n = fastest["gpus"]
-    if fastest["sooner"] > n:
-        per_gpu = fastest["img_s"] / n / one["img_s"]
-        images = fastest["images_to_target"] / one["images_to_target"]
-        out.append(f"more than {n}x: each of its GPUs ran {per_gpu:.2f}x one GPU's images per second (its batch per "
-                   f"GPU is {fastest['global_batch'] // n}, one GPU's {one['global_batch']}) and it needed {images:.2f}x "
-                   f"the images: its lead over {n}x comes from the batch per GPU, not from the GPUs")
     return out
 
 
