@@ -103,13 +103,19 @@ def selected(session, module: str) -> bool:
 
 @pytest.fixture(scope="session", autouse=True)
 def slurm_requeue_job_early(request, tmp_path_factory):
-    """tests/test_slurm.py's requeue job, submitted as the session starts when that module is selected and the
-    local cluster answers: its minutes of waiting for Slurm overlap the other tests (test_slurm.submit_requeue_early)."""
+    """tests/test_slurm.py's requeue job and tests/test_slurm_fsdp.py's chain of jobs, submitted as the session starts
+    when their module is selected and the local cluster answers: their minutes of waiting for Slurm's time limit
+    overlap the other tests (test_slurm.submit_requeue_early, test_slurm_fsdp.start_early)."""
     if selected(request.session, "test_slurm.py"):
         import test_slurm  # the module pytest collected (tests/ is on sys.path)
 
         if test_slurm.PROBLEM is None:
             test_slurm.submit_requeue_early(tmp_path_factory.mktemp("slurm_requeue"))
+    if selected(request.session, "test_slurm_fsdp.py"):  # its jobs wait minutes for a time limit, using no CPU
+        import test_slurm_fsdp
+
+        if test_slurm_fsdp.PROBLEM is None:
+            test_slurm_fsdp.start_early(tmp_path_factory)
     yield
 
 
