@@ -125,7 +125,8 @@ def largest_batch(example: Example, memory_bytes: int, checkpointing: bool = Fal
 def measure(example: Example, batch: int, checkpointing: bool = False, steps: int = 3,
             device: str = "cuda") -> dict:
     """Real AdamW steps on the GPU, read by the caching allocator: the parts in bytes, the peak, what the
-    allocator reserved, and each timed step's seconds (the first, warm-up step not timed)."""
+    allocator reserved, and each timed step's seconds (the first, warm-up step not timed). The optimizer's state
+    and the gradients are their tensors' bytes (the allocator's total also holds cuBLAS's workspace)."""
     if not torch.cuda.is_available():
         raise UserError("memory.measure reads the CUDA caching allocator, and no GPU is visible here; "
                         "use memory.count (from the sizes) or the reference run")
@@ -151,7 +152,8 @@ def measure(example: Example, batch: int, checkpointing: bool = False, steps: in
         torch.cuda.synchronize()
         if i:
             times.append(time.perf_counter() - t0)
-        out = {"parameters": params, "optimizer state": before - params - data, "activations": after_forward - before,
+        state = sum(t.nbytes for st in opt.state.values() for t in st.values() if torch.is_tensor(t) and t.is_cuda)
+        out = {"parameters": params, "optimizer state": state, "activations": after_forward - before,
                "peak": torch.cuda.max_memory_allocated() - start, "reserved": torch.cuda.memory_reserved()}
     out["gradients"] = sum(p.grad.nbytes for p in model.parameters() if p.grad is not None)
     out.update(batch=batch, step_s=times, data=data)
