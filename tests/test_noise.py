@@ -63,6 +63,8 @@ def test_shown_prints_the_interval_of_the_mean_in_one_notation():
     f = noise.Figure(1000.0, 0.01, 10)
     assert noise.shown(f) == f"1,000 ±{100 * (math.exp(2.262 * 0.01) - 1):.0f}%"
     assert noise.spread_shown(noise.of_windows([5_075.0, 7_489.0])) == "windows 5,075-7,489"
+    wild = noise.of_windows([255.0, 1_710.0])  # two windows far apart: the interval is wider than the figure
+    assert noise.shown(wild) == f"{wild.value:,.0f} (unsettled: 2 windows vary too much to bound it)"
 
 
 H100_8_WORKERS = {"io": windows("io", 50_497, 13_338, 98_699), "synthetic": windows("synthetic", 34_772, 31_831, 36_504),

@@ -210,10 +210,12 @@ def relation(a: Figure, b: Figure, separate: bool = True) -> str:
 
 def shown(f: Figure, spec: str = ",.0f") -> str:
     """A figure and the 95% interval of its mean, the one notation of the workbook: '52,537 ±2%'
-    (a single figure: its value alone)."""
+    (a single figure: its value alone; an interval of ±100% or more: 'unsettled', with its count)."""
     if not f.half:
         return f"{f.value:{spec}}"
     pct = 100 * (math.exp(f.half) - 1)
+    if pct >= 100:  # an interval wider than the figure itself: '±1213070%' would say nothing a learner can read
+        return f"{f.value:{spec}} (unsettled: {f.n} {f.unit} vary too much to bound it)"
     digits = 0 if pct >= 1 else 1 if pct >= 0.1 else 2
     return f"{f.value:{spec}} ±{pct:.{digits}f}%"
 
