@@ -125,6 +125,19 @@ def test_torchruns_binding_is_off_with_the_reason_where_the_node_cant_bind(monke
     assert numa.main(["--torchrun-flag", "nodes"]) == 2
 
 
+def test_a_node_without_gpu_devices_answers_before_importing_torch(tmp_path):
+    """The job's binding question on a node with no GPU device file and no nvidia-smi: the same line, and torch
+    is never imported (each job's start would pay its 3.5 s and 650 MB for nothing)."""
+    code = ("import sys; from pathlib import Path; from tutorial_lib import numa; numa.DEV = Path(sys.argv[1]); "
+            "numa.shutil.which = lambda name: None; rc = numa.main(['--torchrun-flag', 'node']); "
+            "print(rc, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "False"] and "CPU binding: off: no GPU visible here" in out.stderr
+    (tmp_path / "nvidia0").touch()  # a device file: torch is asked
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[1] == "True"
+
+
 # ---------------------------------------------------------------------------------------- the doctor's line
 def _doctor_line(tmp_path, monkeypatch, gpus, torch_version="2.14.1"):
     monkeypatch.setenv(compilecache.ENV, str(tmp_path / "cc"))
