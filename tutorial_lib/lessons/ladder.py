@@ -53,7 +53,7 @@ class Sizes:
 GPU = Sizes(batch=256, big_batch=1024, steps=150, big_steps=60, warmup=10, model="resnet18", train_size=None,
             budget_s=330)
 SMALL = Sizes(batch=16, big_batch=64, steps=8, big_steps=4, warmup=2, model="resnet18_imagenet", train_size=256,
-              budget_s=240, bench_steps=4, bench_window=2)
+              budget_s=480, bench_steps=4, bench_window=2)
 # The study skips its bench when the ladder and its traces took longer than this: a call on the lent GPU machines
 # runs at most 10 minutes, and the bench takes about 2.
 BENCH_AFTER_S = 450

@@ -51,7 +51,7 @@ def draw_bars(panels: list[tuple[str, list[dict]]]):
             precision, peak = ladder.peak_of(r)
             right.barh(y, 100 * r["mfu"], height=h, color=PRECISION_COLORS.get(precision, "tab:blue"),
                        hatch=HATCHES[k % len(HATCHES)], edgecolor="white",
-                       label=f"{label.split(',')[0]}: {precision}, of its dense peak {peak:,.1f} TFLOP/s")
+                       label=f"{label.split(', torch')[0]}: {precision}, of its dense peak {peak:,.1f} TFLOP/s")
             right.text(100 * r["mfu"], y, f" {100 * r['mfu']:.0f}%", va="center", fontsize=7)
     top = max([r.get("mfu") or 0 for _, rows in panels for r in measured(rows).values()] + [0.01])
     right.set_xlim(0, 200 * top)  # the bars in the left half, the legend in the right one
@@ -64,7 +64,7 @@ def draw_bars(panels: list[tuple[str, list[dict]]]):
     handles, labels = right.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     for label in no_peak:
-        unique[f"{label.split(',')[0]}: no datasheet peak, so no MFU"] = plt.Rectangle((0, 0), 0, 0, fill=False, lw=0)
+        unique[f"{label.split(', torch')[0]}: no datasheet peak, so no MFU"] = plt.Rectangle((0, 0), 0, 0, fill=False, lw=0)
     right.legend(unique.values(), unique.keys(), fontsize=7, loc="lower right")
     return fig, left, right
 
