@@ -47,9 +47,7 @@ DAY_MINUTES = 330  # a one-day workshop's contact time on a GPU node, breaks exc
 # Core sections the plan moves to the second day so that the first day's core path fits DAY_MINUTES: notebook ->
 # headings (as written, without '#'). Day two starts with notebook 08 "When it does not fit" where it exists.
 DAY_TWO = {
-    "05_dp_vs_ddp": None,  # None: the whole notebook
-    "06_scaling": None,
-    "07_your_own_model": None,
+    "08_when_it_does_not_fit": None,  # None: the whole notebook (00-07's core path fits the first day)
 }
 TIME_LINE = re.compile(r"\*\*Time:\*\* core about (\d+) min, optional about (\d+) min\b")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$", re.M)
