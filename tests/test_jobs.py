@@ -394,3 +394,8 @@ def test_a_job_file_is_replaced_whole_and_a_failed_write_leaves_nothing(tmp_path
     with pytest.raises(UserError, match="can't write .*give a jobs folder you can write"):
         jobs.write("demo", tiny(), site="local", jobs_dir=blocked, show=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocked", "demo.sbatch"]
+
+
+def test_an_array_range_that_runs_backwards_is_refused_with_the_range_turned_round():
+    with pytest.raises(UserError, match=r"array='5-1': the range 5-1 runs backwards; write 1-5"):
+        jobs.render("backwards", command="echo", array="5-1")
