@@ -198,7 +198,8 @@ def test_the_ledger_shows_the_columns_that_teach_and_keeps_all_in_its_file(tmp_p
 
 
 # ---------------------------------------------------------------------------------------- the room's pace
-def test_06_reads_at_the_workshops_pace_and_fits_36_minutes():
+def test_06_reads_at_the_workshops_pace_and_fits_its_share_of_the_day():
+    """06's share of the first day: 05-07 about 38 min each, so that 00-07's core path fits the day's 330."""
     m = readability.measure(json.loads(NB.read_text()))
     assert not readability.problems(m), readability.problems(m)
-    assert plan.minutes("06_scaling")["core"] <= 36
+    assert plan.minutes("06_scaling")["core"] <= 38
