@@ -171,7 +171,9 @@ NOT_RECORDS = {"reference.py": "a notebook's cells", "sitecheck.py": "Jupyter's 
                "lessons/cluster.py": "its own runs and a child's output", "lessons/cases.py": "its own runs",
                "lessons/data_loading.py": "its own run", "lessons/card_report.py": "the committed card records",
                "results.py": "read_record itself", "doctor.py": "a child process's output (its own error line)",
-               "kernel.py": "the kernel spec ipykernel has just written"}
+               "kernel.py": "the kernel spec ipykernel has just written",
+               "lessons/memory_runs.py": "the list of runs the notebook's own cell has just written",
+               "lessons/memory_oom.py": "a child process's output"}
 
 
 def test_every_other_json_record_is_read_through_read_record():

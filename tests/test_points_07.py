@@ -239,3 +239,14 @@ def test_mfu_is_said_what_it_is_before_it_is_used():
             assert c["cell_type"] == "markdown" and "model FLOPs utilisation" in text, text[:200]
             return
     pytest.fail("07 never says MFU")
+
+
+def test_a_damaged_card_json_given_to_the_plot_is_one_line(tmp_path):
+    from tutorial_lib.config import UserError
+    from tutorial_lib.lessons import card_plot
+
+    path = tmp_path / "card.json"
+    path.write_text('{"name": "gpt", "rows": [')  # cut short
+    with pytest.raises(UserError) as e:
+        card_plot.as_card(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value) and "run the card again" in str(e.value)

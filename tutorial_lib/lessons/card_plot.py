@@ -12,14 +12,13 @@ and, on a card with a datasheet peak, every rung's MFU against the card's bf16 d
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from . import card_input, card_verdict, ladder, noise
 from .card_report import Card
 from .. import peaks
 from ..config import UserError
-from ..results import atomic_write_text, make_folder
+from ..results import atomic_write_text, make_folder, read_record
 
 
 def as_card(card) -> Card:
@@ -31,7 +30,7 @@ def as_card(card) -> Card:
         if not path.is_file():
             raise UserError(f"card={str(card)!r}: no such card.json; give a Card, its record or the path of a "
                             "card.json (tl.card writes one into runs/card_<model>/)")
-        card = json.loads(path.read_text())
+        card = read_record(path, "a card's record (card.json)", "run the card again: tl.card(...) writes it")
     if not isinstance(card, dict):
         raise UserError(f"card is a {type(card).__name__}; give a Card, a card.json record or its path")
     return Card(**card)
