@@ -114,8 +114,9 @@ class Chain:
         return job, self.checkpoint(), processes
 
     def time_out(self) -> tuple[Job, dict]:
-        """Submitted again with a one-minute limit and no --signal: its time limit stops it (during its first step)."""
-        job = self.submit("--time=00:01:00", f"--export=ALL,PYTHONPATH={self.work / 'stall'}")
+        """Submitted again with a two-minute limit and no --signal: its time limit stops it (during its first step,
+        which waits for it: with one minute, a loaded 2-core node was still starting the run when the limit came)."""
+        job = self.submit("--time=00:02:00", f"--export=ALL,PYTHONPATH={self.work / 'stall'}")
         assert job.wait(timeout=300, quiet=True) == "TIMEOUT", job.log(60)
         return job, self.checkpoint()
 
