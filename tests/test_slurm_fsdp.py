@@ -18,13 +18,12 @@ it is mostly waiting for the time limit, beside the other tests.
 from __future__ import annotations
 
 import subprocess
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from test_slurm import PROBLEM
+from test_slurm_signals import StageChain
 from tutorial_lib import jobs, sharding
 from tutorial_lib.config import TrainConfig
 from tutorial_lib.slurm import Job
@@ -80,31 +79,11 @@ def config(out: Path) -> TrainConfig:
                        eval=False, augment=False, lr_schedule="constant", out_dir=str(out))
 
 
-class Chain:
+class Chain(StageChain):
     """Submitted at once: the time-limited job and the uninterrupted one beside it; once the first has finished,
     the one-process resume of its copied checkpoint. Each stage's outcome, or the exception that ended it."""
 
-    def __init__(self, work: Path):
-        self.work, self.ids, self.outcome = work, [], {}
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def run(self) -> None:
-        for stage in (self.submit, self.time_limit, self.on_one):
-            try:
-                self.outcome[stage.__name__] = stage()
-            except BaseException as e:  # noqa: BLE001  (the test that reads this stage raises it)
-                self.outcome[stage.__name__] = e
-                return
-
-    def get(self, stage: str):
-        deadline = time.monotonic() + 1200
-        while stage not in self.outcome and self.thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if stage not in self.outcome:
-            pytest.fail(f"the chain never reached {stage} (stopped at {list(self.outcome)})")
-        if isinstance(self.outcome[stage], BaseException):
-            raise self.outcome[stage]
-        return self.outcome[stage]
+    stages, wait_s = ("submit", "time_limit", "on_one"), 1200
 
     def job(self, name: str, out: str, *env: str, **resources) -> Job:
         path = jobs.write(f"t_fsdp_{name}", config(self.work / out), site="local", jobs_dir=self.work / "jobs",

@@ -51,26 +51,27 @@ engine.Run.train_step = train_step
 """
 
 
-class Chain:
-    """The stopped job's three submissions (cancelled, timed out, finished) and the uninterrupted one beside them,
-    run one after the other in a thread (`run`); each stage's outcome, or the exception that ended it, in
-    `outcome`."""
+class StageChain:
+    """Stages (methods named in `stages`) run one after the other in a background thread, so that the Slurm tests
+    wait for the cluster side by side; each stage's outcome, or the exception that ended it, in `outcome`."""
+    stages: tuple[str, ...] = ()
+    wait_s = 900  # how long a test waits for a stage
 
     def __init__(self, work: Path):
         self.work, self.ids, self.outcome = work, [], {}
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
-        for stage in (self.prepare, self.cancel, self.time_out, self.finish):
+        for name in self.stages:
             try:
-                self.outcome[stage.__name__] = stage()
+                self.outcome[name] = getattr(self, name)()
             except BaseException as e:  # noqa: BLE001  (the test that reads this stage raises it)
-                self.outcome[stage.__name__] = e
+                self.outcome[name] = e
                 return
 
     def get(self, stage: str):
         """A stage's outcome, once the chain has got there; its exception raised here."""
-        deadline = time.monotonic() + 900
+        deadline = time.monotonic() + self.wait_s
         while stage not in self.outcome and self.thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.5)
         if stage not in self.outcome:
@@ -78,6 +79,14 @@ class Chain:
         if isinstance(self.outcome[stage], BaseException):
             raise self.outcome[stage]
         return self.outcome[stage]
+
+
+class Chain(StageChain):
+    """The stopped job's three submissions (cancelled, timed out, finished) and the uninterrupted one beside them,
+    run one after the other in a thread (`run`); each stage's outcome, or the exception that ended it, in
+    `outcome`."""
+
+    stages = ("prepare", "cancel", "time_out", "finish")
 
     def prepare(self) -> int:
         # 32 steps an epoch, one worker re-forked every epoch, validation every 20 steps: the history to compare
