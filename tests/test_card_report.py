@@ -39,14 +39,25 @@ def test_a_bench_figure_has_one_band_on_the_page(model):
 
 
 def test_the_recommendation_says_which_changes_it_keeps_without_a_gain():
-    """The rungs stack: the recommended rung keeps every change below it, one that measured slower too (the GPT
-    card's compile, x0.80); the page names them, and beside a faster rung shows the two bands that overlap."""
-    assert dict(_card("gpt").summary_rows())["recommended"].startswith("step_graph:")
-    gpt = " ".join(_card("gpt").notes())
-    kept = gpt.split("among them these, which gained nothing beyond noise where they were added: ")[1]  # was '... too:'
-    kept = kept.split(". ")[0]
-    assert kept.startswith("compile (x0.99 (0.88-1.12), not settled against fused_adamw"), kept  # by today's rule
-    assert not any(f"{r} (x" in kept for r in ("tf32", "bf16", "fused_adamw")), kept  # they gained: not listed
+    """The rungs stack: the recommended rung keeps every change below it, one that measured no faster too; the page
+    names exactly the rungs up to the recommended one whose verdict in the table is not 'faster', each with that
+    verdict (read from the stored GPT card, whatever its figures: a re-run card changes which rungs they are)."""
+    card = _card("gpt")
+    assert dict(card.summary_rows())["recommended"].startswith("step_graph:")
+    notes = " ".join(card.notes())
+    verdicts = {}  # rung -> the table's "against the row it changes"
+    for line in card.rung_table().splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        verdicts[cells[0]] = cells[4]
+    upto = list(verdicts).index("step_graph")
+    expected = [r for r in list(verdicts)[1:upto + 1] if verdicts[r].startswith("x") and " faster than " not in verdicts[r]]
+    assert card.kept_without_gain() == expected
+    if expected:
+        kept = notes.split("among them these, which gained nothing beyond noise where they were added: ")[1]
+        kept = kept.split(". ")[0]
+        assert kept == ", ".join(f"{r} ({verdicts[r]})" for r in expected), kept
+    else:
+        assert "gained nothing beyond noise" not in notes
     vit = " ".join(_card("vit_b_16").notes())
     assert "The recommendation against the fastest rung, step_graph: x" in vit
 
