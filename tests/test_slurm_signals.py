@@ -153,17 +153,18 @@ def _process_names(job_id: str) -> list[str]:
 _CHAIN: list[Chain] = []
 
 
-def start_beside(session, tmp_path_factory) -> None:
+def start_beside(session, tmp_path_factory, here: bool = False) -> None:
     """Start the chain in the background when this module's tests are selected: tests/test_slurm.py calls this as
-    it submits its own jobs, so that the two wait for the cluster side by side (the chain is mostly waiting)."""
-    if not _CHAIN and selected(session, "test_slurm_signals.py"):
+    it submits its own jobs, so that the two wait for the cluster side by side (the chain is mostly waiting).
+    `here`: this module's tests are running now (its fixture), so start it in any case."""
+    if not _CHAIN and (here or selected(session, "test_slurm_signals.py")):
         _CHAIN.append(Chain(tmp_path_factory.mktemp("slurm_signals")))
         _CHAIN[0].thread.start()
 
 
 @pytest.fixture(scope="module")
 def chain(request, tmp_path_factory):
-    start_beside(request.session, tmp_path_factory)  # already running when tests/test_slurm.py started it
+    start_beside(request.session, tmp_path_factory, here=True)  # already running if tests/test_slurm.py started it
     yield _CHAIN[0]
     _CHAIN[0].thread.join(timeout=1)
     for job_id in _CHAIN[0].ids:  # nothing of ours left on the cluster when a test failed early
