@@ -5,9 +5,6 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8888
-# pytest-xdist workers for make test, each running whole files: one more than the CPUs, since many tests mostly
-# wait (Slurm jobs, a hub, a browser, kernels starting) while the others compute. TEST_WORKERS=0: one process.
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 .PHONY: help venv kernel lab workbook handout doctor warm test data slurm-up slurm-down hub hub-down clean
 
@@ -75,8 +72,7 @@ test: venv
 	hub=$$!; fi; bash scripts/install-browser.sh; browser=$$?; \
 	if [ -n "$$hub" ]; then prepared=0; wait "$$hub" || prepared=$$?; cat build/hub-prepare.log; \
 	[ "$$prepared" = 0 ] || echo "hub: not prepared (above): the hub test will fail"; fi; exit "$$browser"
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
-		--nbval-lax --nbval-current-env --durations=40 tests notebooks
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest --nbval-lax --nbval-current-env --durations=40 tests notebooks
 
 data: venv
 	$(BIN)/python -m tutorial_lib data fetch cifar10 cifar100 mnist imagefolder

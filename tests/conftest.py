@@ -97,12 +97,7 @@ def one_thread():
 
 
 def selected(session, module: str) -> bool:
-    """Whether this session runs any test of tests/<module> (work started early for it is wasted otherwise).
-    Under pytest-xdist (make test's workers) every worker collects every test and which worker runs a module is
-    decided later: then nothing is started early, each module starts its own work when it runs, and the other
-    workers keep the CPUs busy meanwhile."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return False
+    """Whether this session runs any test of tests/<module> (work started early for it is wasted otherwise)."""
     return any(Path(str(item.fspath)).name == module for item in session.items)
 
 
