@@ -224,8 +224,8 @@ def test_the_loader_keeps_up_only_when_io_stays_above_synthetic_in_every_window(
 
 
 def test_notebook_03_says_keeps_up_only_beside_a_reference_row_that_keeps_up():
-    """The committed notebook prints the H100 reference's best CPU pipeline: 'keeps up' only when that row's IO
-    stays above SYNTHETIC in every window."""
+    """The committed notebook prints the reference's best CPU pipeline: 'keeps up' in every window only when that
+    row's IO stays above SYNTHETIC in every window."""
     from tutorial_lib import reference
 
     nb = json.loads((Path(__file__).parents[1] / "notebooks" / "03_data_loading.ipynb").read_text())
@@ -236,7 +236,9 @@ def test_notebook_03_says_keeps_up_only_beside_a_reference_row_that_keeps_up():
     best = max(["workers", "pinned", "prefetcher"], key=lambda k: f[k + "_full"])
     syn = bench.figure(bench.from_reference(f, best)["synthetic"])  # SYNTHETIC's mean, as the verdicts judge it
     dips = noise.compare(noise.Figure.of(f[best + "_io_low"]), syn).verdict == "lower"
-    assert ("keep up on" in line or "keeps up on" in line) == (not dips), line
+    # lessons/data_loading.keeps_up's two claims that IO never fell below SYNTHETIC ('on average' admits a dip)
+    claims = "keeps up on this card" in line or "keeps up in every window" in line
+    assert claims == (not dips), line
 
 
 def test_bursty_input_is_input_bound_not_launch_bound():
