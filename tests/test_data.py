@@ -179,3 +179,37 @@ def test_fetch_imagefolder_writes_it_offline(tmp_path, monkeypatch):
     assert data.fetch("imagefolder", str(tmp_path)) == tmp_path / "imagefolder"
     assert data.staged(str(tmp_path))["imagefolder"]
     assert not (tmp_path / "imagefolder.partial").exists()
+
+
+def test_a_shapes_set_too_large_for_memory_fails_before_any_process_is_forked(monkeypatch):
+    """With the set allocated last, a training run (which catches SIGTERM) forked its drawing pool first, and
+    that pool's workers, inheriting the handler, outlived its terminate(): the run hung instead of failing."""
+    def no_pool(*_):
+        raise AssertionError("a pool was started for a set that cannot fit")
+    monkeypatch.setattr(shapes.multiprocessing, "get_context", no_pool)
+    for n in (10**20, 10**13):  # beyond numpy's indexing; beyond any machine's memory
+        with pytest.raises(MemoryError):
+            shapes.make_shapes(n, seed=0, workers=2)
+
+
+FAILING_DRAW = """
+import signal, sys
+from tutorial_lib import shapes
+signal.signal(signal.SIGTERM, lambda *_: None)  # as a training run's stop handler: it records, it does not exit
+def _chunk(start, **_):
+    raise ValueError(f"chunk at {start} failed")
+shapes._chunk = _chunk
+try:
+    shapes.make_shapes(3 * 4096, seed=0, workers=2)
+except ValueError as e:
+    print("raised:", e)
+"""
+
+
+def test_the_drawing_pool_ends_when_a_chunk_fails_in_a_process_that_catches_sigterm(tmp_path):
+    """The pool's workers take SIGTERM's default action, so terminate() ends them whatever the parent catches."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", FAILING_DRAW], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "raised: chunk at" in p.stdout, p.stdout + p.stderr

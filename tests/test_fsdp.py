@@ -100,9 +100,10 @@ def runs(tmp_path_factory):
     """Two processes: DDP and FSDP (ResNet-18, BatchNorm), FSDP in bf16; with GroupNorm (the same on 2 x 8 images
     as on 1 x 16) an FSDP run, the same with activation checkpointing stopped at step 4 (its checkpoint copied)
     and resumed without it. One process: that copy resumed (then, without its result.json, finished again); a
-    batch that differs refused; a run that crashes after its async checkpoint at step 2, resumed."""
+    batch that differs refused; a run that crashes after its async checkpoint at step 2, resumed; the same run
+    never stopped."""
     tmp = tmp_path_factory.mktemp("fsdp")
-    o = {name: tmp / name for name in ("ddp", "fsdp", "bf16", "gn", "stopped", "on_one", "again", "crash")}
+    o = {name: tmp / name for name in ("ddp", "fsdp", "bf16", "gn", "stopped", "on_one", "again", "crash", "one")}
     ended = launch(tmp, 2, [
         dict(name="ddp", overrides=["parallel=ddp", f"out_dir={o['ddp']}"]),
         dict(name="fsdp", overrides=["parallel=fsdp", "eval=true", "val_size=32", f"out_dir={o['fsdp']}"]),
@@ -122,6 +123,7 @@ def runs(tmp_path_factory):
         dict(name="crash", group_norm=True, crash_at=3, overrides=["parallel=fsdp", "ckpt_every=2",
                                                                    f"out_dir={o['crash']}"]),
         dict(name="after_crash", group_norm=True, overrides=["parallel=fsdp", "ckpt_every=2", f"out_dir={o['crash']}"]),
+        dict(name="one", group_norm=True, overrides=["parallel=fsdp", f"out_dir={o['one']}"]),  # never stopped
     ])
     return ended, o
 
@@ -168,13 +170,15 @@ def test_a_checkpoint_of_two_processes_resumes_on_one_with_the_same_global_batch
 
 def test_after_a_crash_the_last_complete_checkpoint_is_the_one_resumed(runs):
     """The run crashed in step 3, after the async save of step 2 had begun: `latest` names step 2, and the run
-    resumed from it trains as the uninterrupted run did (the state was copied before training went on)."""
+    resumed from it trains as the uninterrupted run on as many processes did, step for step and bit for bit (the
+    state was copied before training went on). Against the run on two processes, only to rounding: the gradient
+    of 16 images summed as one batch or as two of 8 differs in its last bits, and six steps carry that on."""
     ended, o = runs
     assert "crashed on purpose" in ended["crash"] and ended["after_crash"] == "finished (written again)", ended
-    again, one, whole = result(o["crash"]), result(o["on_one"]), result(o["gn"])
-    assert again["resumed_from_step"] == 2
-    assert again["loss"][4:] == pytest.approx(one["loss"][4:], rel=1e-5)  # steps 5 and 6, each on one process
-    assert again["param_checksums"][0] == pytest.approx(whole["param_checksums"][0], rel=1e-7)
+    again, straight, whole = result(o["crash"]), result(o["one"]), result(o["gn"])
+    assert again["resumed_from_step"] == 2 and ended["one"] == "finished"
+    assert again["loss"] == straight["loss"] and again["param_checksums"] == straight["param_checksums"]
+    assert again["param_checksums"][0] == pytest.approx(whole["param_checksums"][0], rel=1e-4)
 
 
 def test_a_missing_shard_is_one_line_naming_the_folder(tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
+import signal
 
 import numpy as np
 
@@ -31,15 +32,32 @@ def make_shapes(n: int, seed: int, size: int = 32, chunk: int = 4096,
     and whatever `workers` draws them (default: one below PARALLEL_FROM images, else this process's share of the
     CPUs). (Notebook 00 teaches it.)
     """
+    try:  # the whole set first: one too large for memory fails here, before any process is forked
+        images, labels = np.empty((n, size, size, 3), np.uint8), np.empty(n, np.int64)
+    except ValueError as e:  # larger than numpy can index
+        raise MemoryError(f"{n} images of {size}x{size}: {e}") from None
     draw = functools.partial(_chunk, n=n, seed=seed, size=size, chunk=chunk, hard=hard, faint=faint)
     starts = range(0, n, chunk)
     workers = min(len(starts), _cpu_share() if workers is None and n >= PARALLEL_FROM else workers or 1)
     if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
-        with multiprocessing.get_context("fork").Pool(workers) as pool:  # numpy only: safe to fork
-            parts = pool.map(draw, starts)
+        # numpy only: safe to fork. The workers take the stop signals' default action, so that the pool's
+        # terminate() ends them even where the parent catches SIGTERM (a training run does).
+        with multiprocessing.get_context("fork").Pool(workers, initializer=_default_stop_signals) as pool:
+            parts = pool.imap(draw, starts)
+            _fill(images, labels, starts, parts, chunk)
     else:
-        parts = [draw(start) for start in starts]
-    return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+        _fill(images, labels, starts, map(draw, starts), chunk)
+    return images, labels
+
+
+def _fill(images: np.ndarray, labels: np.ndarray, starts, parts, chunk: int) -> None:
+    for start, (x, y) in zip(starts, parts):
+        images[start:start + chunk], labels[start:start + chunk] = x, y
+
+
+def _default_stop_signals() -> None:
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _chunk(start: int, n: int, seed: int, size: int, chunk: int, hard: bool, faint: bool):

@@ -107,7 +107,9 @@ MailProg=/bin/true
 SlurmdParameters=config_overrides
 ReturnToService=2
 JobRequeue=1
-KillWait=5
+# Slurm's default: the seconds between a job's SIGTERM (scancel, a time limit) and its SIGKILL. A run checkpoints in
+# them; with 5 s, a checkpoint being written on a loaded 2-core node was cut off.
+KillWait=30
 SlurmdTimeout=300
 InactiveLimit=0
 NodeName=node[1-2] NodeHostname=$(hostname -s) NodeAddr=127.0.0.1 Port=[6818-6819] CPUs=64 RealMemory=256000 Gres=gpu:8 State=UNKNOWN
