@@ -196,6 +196,56 @@ def test_nothing_a_learners_server_runs_or_reads_lies_in_the_instructors_checkou
     assert not {"PATH", "PYTHONPATH", "VIRTUAL_ENV"} & set(keep), keep
 
 
+def _fake_slurm(tmp_path: Path, completing: int) -> dict:
+    """squeue, scancel and scontrol on PATH as a cluster whose one server job (42, alice's) stays COMPLETING for
+    `completing` queries after scancel (a server slow to answer SIGTERM); -1: it never ends. KillWait = 1 s."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "squeue").write_text(f"""#!/bin/bash
+[[ " $* " == *" -u alice "* ]] || exit 0
+if [[ -e {tmp_path}/cancelled ]]; then
+    n=$(( $(cat {tmp_path}/after 2>/dev/null || echo 0) + 1 )); echo $n > {tmp_path}/after
+    (( {completing} < 0 || n <= {completing} )) || exit 0
+fi
+echo 42
+""")
+    (bin_ / "scancel").write_text(f"#!/bin/bash\necho \"$*\" > {tmp_path}/cancelled\n")
+    (bin_ / "scontrol").write_text("#!/bin/bash\necho 'KillWait                = 1 sec'\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "WORKBOOK_HUB_NAME": "workbook-fake",
+            "WORKBOOK_HUB_STATE": str(tmp_path / "state"), "WORKBOOK_HUB_STOP_WAIT": "2"}
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="hub.sh down runs as root")
+@pytest.mark.parametrize("completing", [3, -1], ids=["ends", "never-ends"])
+def test_hub_down_returns_once_its_servers_jobs_have_left_the_queue(completing, tmp_path):
+    """A cancelled job stays COMPLETING until its processes exit (up to KillWait): `down` waits for that, so a
+    `make hub-down` that returned has freed the nodes; a job that outlives the wait is named in a warning."""
+    env = _fake_slurm(tmp_path, completing)
+    run = subprocess.run(["bash", str(HUB_DIR / "hub.sh"), "down"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    assert (tmp_path / "cancelled").read_text().split() == ["42"], out
+    assert "waiting for the servers' jobs to end: 42 (Slurm kills what still runs after KillWait=1 s)" in out
+    queried = int((tmp_path / "after").read_text())
+    if completing > 0:
+        assert queried == completing + 1 and "warning" not in out, out  # it asked until the job had gone
+        assert run.stdout.splitlines()[-1] == "hub: down", out
+    else:
+        assert "hub: warning: the servers' jobs 42 have not ended after 3 s: see squeue -j 42" in run.stderr, out
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="hub.sh down runs as root")
+def test_hub_down_names_a_bad_stop_wait(tmp_path):
+    env = {**_fake_slurm(tmp_path, 1), "WORKBOOK_HUB_STOP_WAIT": "1m"}
+    run = subprocess.run(["bash", str(HUB_DIR / "hub.sh"), "down"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 1 and "WORKBOOK_HUB_STOP_WAIT=1m is not a whole number of seconds" in run.stderr
+    assert not (tmp_path / "cancelled").exists()  # it stopped nothing
+
+
 # ---------------------------------------------------------------------------------------- the hub
 def _why_not() -> str | None:
     if os.getuid() != 0:

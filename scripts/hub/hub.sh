@@ -32,6 +32,7 @@
 #   WORKBOOK_HUB_HOME              the shared environment, proxy, handout and passwords (/opt/hpc-workbook)
 #   WORKBOOK_HUB_IDLE (3600)       seconds without activity before the hub stops a server
 #   WORKBOOK_HUB_LEARNERS          the accounts ("alice bob")
+#   WORKBOOK_HUB_STOP_WAIT (60)    seconds `down` waits, beyond Slurm's KillWait, for its servers' jobs to end
 #   more in scripts/hub/jupyterhub_config.py (limits per server, queue wait, poll interval)
 set -euo pipefail
 
@@ -295,6 +296,8 @@ hub_jobs() {
 
 cmd_down() {
     need_root
+    [[ ${WORKBOOK_HUB_STOP_WAIT:-60} =~ ^[0-9]+$ ]] || die "WORKBOOK_HUB_STOP_WAIT=$WORKBOOK_HUB_STOP_WAIT is not \
+a whole number of seconds: give one, such as 60"
     local pid jobs
     if hub_running; then
         pid=$(cat "$STATE/jupyterhub.pid")
@@ -319,7 +322,26 @@ cmd_down() {
         # shellcheck disable=SC2086  # one argument per job id
         scancel $jobs
     fi
+    wait_for_jobs_to_end
     log "down"
+}
+
+# A cancelled job stays in the queue as COMPLETING until its processes have exited: Slurm sends SIGTERM, then
+# SIGKILL KillWait seconds later. `down` returns once its servers' jobs have left, so their nodes are free.
+wait_for_jobs_to_end() {
+    local kill_wait left limit
+    kill_wait=$(scontrol show config 2>/dev/null | sed -n 's/^KillWait *= *\([0-9]*\) sec.*/\1/p')
+    limit=$((${kill_wait:-30} + ${WORKBOOK_HUB_STOP_WAIT:-60}))
+    left=$(hub_jobs | xargs)
+    [[ -n $left ]] || return 0
+    log "waiting for the servers' jobs to end: $left (Slurm kills what still runs after KillWait=${kill_wait:-?} s)"
+    local deadline=$((SECONDS + limit))
+    while [[ -n $left ]] && ((SECONDS < deadline)); do
+        sleep 1
+        left=$(hub_jobs | xargs)
+    done
+    [[ -z $left ]] || echo "hub: warning: the servers' jobs $left have not ended after $limit s: see \
+squeue -j ${left// /,}; an administrator may need to end their processes on the node" >&2
 }
 
 cmd_status() {
