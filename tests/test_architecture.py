@@ -132,6 +132,19 @@ def test_the_torch_free_tiers_do_not_import_torch():
     assert out.stdout.strip() == "False", "one of the torch-free modules imports torch at import time"
 
 
+def test_a_run_that_does_not_shard_never_imports_fsdp_or_dcp():
+    """FSDP2 and torch.distributed.checkpoint take about a second to import: every rank, job and command that
+    trains would pay it at its start. Only parallel=fsdp loads them (sharding.fsdp, sharding.dcp)."""
+    code = ("import sys, tutorial_lib.engine as e, tutorial_lib.__main__\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('torch.distributed.checkpoint',"
+            " 'torch.distributed.fsdp', 'torch.distributed._composable.fsdp'))))\n"
+            "from tutorial_lib import sharding\n"
+            "sharding.fsdp().fully_shard, sharding.dcp().async_save, sharding.dcp().state_dict.get_state_dict\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.stdout.splitlines()[:1] == ["[]"], f"importing the engine loads {out.stdout.strip()} {out.stderr}"
+    assert out.returncode == 0, out.stderr  # and the sharded path finds what it needs
+
+
 def test_docs_table_names_every_module():
     text = DOC.read_text()
     missing = [m for m in MODULES if not m.endswith("__init__") and f"`{m.replace('.', '/')}.py`" not in text]

@@ -522,8 +522,8 @@ def test_warmup_0_is_taken_and_a_window_of_0_is_refused(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- the input as a limit
-def slow_batches(delay_s=0.3):
-    """A batch function that builds every batch on the CPU slowly (a decode, an augmentation): 300 ms a batch, far
+def slow_batches(delay_s=0.1):
+    """A batch function that builds every batch on the CPU slowly (a decode, an augmentation): 100 ms a batch, far
     slower than the model's step even on a loaded 2-core machine."""
     import time
 

@@ -21,29 +21,42 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from . import blocks, checkpoint, distributed
 from .checkpoint import check_length, read_checkpoint, restore_progress, run_state, write_checkpoint
 from .config import ConfigError, UserError, resume_differences
 from .results import atomic_write_text, disk_problem
 
-try:  # torch >= 2.6; 2.4 and 2.5 have FSDP2 under its first name
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-except ImportError:  # pragma: no cover
-    from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
-
 FOLDER, LATEST, PROGRESS = "checkpoint.dcp", "latest", "run.pt"
 
 
+# FSDP2 and DCP are imported by the sharded path only: together they take about a second to import, which every
+# other run (each rank, each job, each command) would pay at its start for nothing.
+def fsdp():
+    """torch's FSDP2 module: fully_shard, MixedPrecisionPolicy."""
+    import torch.distributed.fsdp as fsdp2
+
+    if not hasattr(fsdp2, "fully_shard"):  # pragma: no cover  (torch 2.4 and 2.5: FSDP2 under its first name)
+        import torch.distributed._composable.fsdp as fsdp2
+    return fsdp2
+
+
+def dcp():
+    """torch.distributed.checkpoint, with its state_dict helpers loaded."""
+    import torch.distributed.checkpoint as dcp_
+    import torch.distributed.checkpoint.state_dict  # noqa: F401  (get_state_dict, set_state_dict)
+
+    return dcp_
+
+
 # ---------------------------------------------------------------------------------------------- sharding
-def policy(precision: str) -> MixedPrecisionPolicy:
-    """bf16: parameters gathered (and the blocks computed) in bf16, gradients reduced in fp32; else fp32 all through."""
+def policy(precision: str):
+    """bf16: parameters gathered (and the blocks computed) in bf16, gradients reduced in fp32; else fp32 all through
+    (an FSDP2 MixedPrecisionPolicy)."""
     if precision == "bf16":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()
+        return fsdp().MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return fsdp().MixedPrecisionPolicy()
 
 
 def prepare(net: nn.Module, cfg, env: distributed.DistEnv) -> nn.Module:
@@ -57,6 +70,7 @@ def shard(net: nn.Module, precision: str, env: distributed.DistEnv) -> nn.Module
     """fully_shard each block, then the model (which then holds what no block holds: stem, head). The module is
     changed in place: its parameters become DTensors holding this rank's shard. A BatchNorm layer is sharded on
     its own in fp32: its parameters stay in the dtype of its running statistics (batch_norm wants one dtype)."""
+    fully_shard = fsdp().fully_shard
     mesh = dist.device_mesh.init_device_mesh(env.device.type, (env.world_size,))
     mp = policy(precision)
     if mp.param_dtype is not None:
@@ -99,7 +113,7 @@ class Pending:
         one line, the previous checkpoint kept."""
         try:
             self.future.result()
-        except (Exception, dcp.api.CheckpointException) as e:  # noqa: BLE001  (CheckpointException: a BaseException)
+        except (Exception, dcp().api.CheckpointException) as e:  # noqa: BLE001  (CheckpointException: a BaseException)
             problem = disk_problem(self.folder.parent, e) or (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise UserError(f"could not write the checkpoint {self.folder} ({problem[:200]}); the one "
                             f"{self.folder.parent / LATEST} names is kept. Free space or use another out_dir") from None
@@ -138,11 +152,11 @@ def save_shards(run) -> None:
         shutil.rmtree(folder, ignore_errors=True)  # what a save of this step that never finished left
         folder.mkdir(parents=True, exist_ok=True)
     distributed.barrier(run.env, "barrier before the checkpoint")
-    model, optim = get_state_dict(run.raw_model, run.opt)
+    model, optim = dcp().state_dict.get_state_dict(run.raw_model, run.opt)
     if getattr(run, "checkpoint_group", None) is None:  # the async save's collectives run beside the training's
         run.checkpoint_group = dist.new_group(backend="gloo")
         distributed.before_teardown(lambda: finish(run))
-    future = dcp.async_save({"model": model, "optim": optim}, checkpoint_id=str(folder),
+    future = dcp().async_save({"model": model, "optim": optim}, checkpoint_id=str(folder),
                             process_group=run.checkpoint_group)
     run.pending_checkpoint = pending = Pending(future, folder, progress)
     if progress is not None:
@@ -199,12 +213,13 @@ def resume_shards(run) -> bool:
         raise ConfigError(f"{folder} holds a run with {'; '.join(differ)}: resuming would mix two runs; use "
                           "the checkpoint's values, another out_dir, or resume=false to start afresh")
     check_length(folder, state["step"], run.cfg, run.total_steps)
-    model, optim = get_state_dict(run.raw_model, run.opt)
+    dcp_ = dcp()
+    model, optim = dcp_.state_dict.get_state_dict(run.raw_model, run.opt)
     try:
-        dcp.load({"model": model, "optim": optim}, checkpoint_id=str(folder))
-        set_state_dict(run.raw_model, run.opt, model_state_dict=model, optim_state_dict=optim)
+        dcp_.load({"model": model, "optim": optim}, checkpoint_id=str(folder))
+        dcp_.state_dict.set_state_dict(run.raw_model, run.opt, model_state_dict=model, optim_state_dict=optim)
         restore_progress(run, state)
-    except (Exception, dcp.api.CheckpointException) as e:  # noqa: BLE001  (another model's shards, a missing file)
+    except (Exception, dcp_.api.CheckpointException) as e:  # noqa: BLE001  (another model's shards, a missing file)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
         raise UserError(f"{folder} does not fit this run ({first}); move {root} away, or give resume=false to "
                         "start afresh") from None
