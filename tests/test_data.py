@@ -203,13 +203,54 @@ try:
     shapes.make_shapes(3 * 4096, seed=0, workers=2)
 except ValueError as e:
     print("raised:", e)
+print("still blocked:", sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
 """
 
 
-def test_the_drawing_pool_ends_when_a_chunk_fails_in_a_process_that_catches_sigterm(tmp_path):
-    """The pool's workers take SIGTERM's default action, so terminate() ends them whatever the parent catches."""
+# A worker that the scheduler starts late: the pool's terminate() sends SIGTERM before the worker has begun.
+LATE_WORKER = """
+import multiprocessing, multiprocessing.pool, time
+start = multiprocessing.pool.worker
+def _late_start(*args, **kwargs):
+    if multiprocessing.current_process()._identity[-1] % 2 == 0:
+        time.sleep(3)
+    start(*args, **kwargs)
+multiprocessing.pool.worker = _late_start
+"""
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["workers-ready", "worker-starts-late"])
+def test_the_drawing_pool_ends_when_a_chunk_fails_in_a_process_that_catches_sigterm(late):
+    """The pool's workers take SIGTERM's default action, so terminate() ends them whatever the parent catches,
+    even one that had not reset its handlers when terminate() came (a loaded CI node hung there for 60 s)."""
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-c", FAILING_DRAW], capture_output=True, text=True, timeout=60)
+    code = FAILING_DRAW.replace("try:", (LATE_WORKER if late else "") + "try:", 1)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "raised: chunk at" in p.stdout, p.stdout + p.stderr
+    assert "still blocked: []" in p.stdout, "the parent must get its stop signals back once the pool is started"
+
+
+FAILING_WRITE = """
+import signal
+from tutorial_lib import imagefolder
+signal.signal(signal.SIGTERM, lambda *_: None)
+def _fail(job):
+    raise OSError(f"no space left for chunk {job}")
+try:
+    imagefolder._map(_fail, [0, 1, 2], processes=2)
+except OSError as e:
+    print("raised:", e)
+"""
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["workers-ready", "worker-starts-late"])
+def test_the_png_writing_pool_ends_when_a_chunk_fails_in_a_process_that_catches_sigterm(late):
+    """The same guard on the imagefolder writer's pool (any pool the package starts)."""
+    import subprocess
+    import sys
+
+    code = FAILING_WRITE.replace("try:", (LATE_WORKER if late else "") + "try:", 1)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "raised: no space left" in p.stdout, p.stdout + p.stderr

@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 from .config import DataNotFound, TrainConfig, UserError, mp_context, usable_cpus
+from .pools import stoppable_pool
 from .shapes import SHAPE_NAMES, make_shapes
 
 SIZES = {"train": 50_000, "val": 10_000}
@@ -62,7 +63,7 @@ def _map(fn, jobs, processes: int | None) -> None:
         for job in jobs:
             fn(job)
         return
-    with mp_context().Pool(processes) as pool:
+    with stoppable_pool(processes, mp_context().get_start_method()) as pool:
         pool.map(fn, jobs)
 
 

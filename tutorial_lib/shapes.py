@@ -13,9 +13,10 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
-import signal
 
 import numpy as np
+
+from .pools import stoppable_pool
 
 SHAPE_NAMES = ("disk", "square", "diamond", "ring", "plus", "cross", "hbar", "vbar", "triangle", "frame")
 
@@ -40,11 +41,8 @@ def make_shapes(n: int, seed: int, size: int = 32, chunk: int = 4096,
     starts = range(0, n, chunk)
     workers = min(len(starts), _cpu_share() if workers is None and n >= PARALLEL_FROM else workers or 1)
     if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
-        # numpy only: safe to fork. The workers take the stop signals' default action, so that the pool's
-        # terminate() ends them even where the parent catches SIGTERM (a training run does).
-        with multiprocessing.get_context("fork").Pool(workers, initializer=_default_stop_signals) as pool:
-            parts = pool.imap(draw, starts)
-            _fill(images, labels, starts, parts, chunk)
+        with stoppable_pool(workers, "fork") as pool:  # numpy only: safe to fork
+            _fill(images, labels, starts, pool.imap(draw, starts), chunk)
     else:
         _fill(images, labels, starts, map(draw, starts), chunk)
     return images, labels
@@ -53,11 +51,6 @@ def make_shapes(n: int, seed: int, size: int = 32, chunk: int = 4096,
 def _fill(images: np.ndarray, labels: np.ndarray, starts, parts, chunk: int) -> None:
     for start, (x, y) in zip(starts, parts):
         images[start:start + chunk], labels[start:start + chunk] = x, y
-
-
-def _default_stop_signals() -> None:
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, signal.SIG_DFL)
 
 
 def _chunk(start: int, n: int, seed: int, size: int, chunk: int, hard: bool, faint: bool):
