@@ -213,7 +213,7 @@ import multiprocessing, multiprocessing.pool, time
 start = multiprocessing.pool.worker
 def _late_start(*args, **kwargs):
     if multiprocessing.current_process()._identity[-1] % 2 == 0:
-        time.sleep(3)
+        time.sleep(2)
     start(*args, **kwargs)
 multiprocessing.pool.worker = _late_start
 """
