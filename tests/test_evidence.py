@@ -153,6 +153,8 @@ def test_bf16_is_judged_against_fp32_and_against_the_row_it_changes():
            row("bf16", 190, 82.6, 79.6, 90.5, batch=16)]
     assert evidence.bf16_line(cpu) == "x1.02 (0.98-1.07), within noise of fp32"  # TF32 skipped: fp32 is the row it changes
     assert evidence.bf16_line(cpu[:2]) == "not measured"
+    emulated = cpu[:2] + [row("bf16", 0, skipped="this CPU has no bf16 instructions: ...")]
+    assert evidence.bf16_line(emulated) == "skipped here (its row says why)"
     assert ladder.against(gpu, "tf32", "fp32") == ladder.verdicts(gpu)["tf32"]
 
 

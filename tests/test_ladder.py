@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from conftest import ROOT, tiny
-from tutorial_lib import config, distributed, engine, ladder, meters, models, peaks, perfdoc, reference, roofline, stepgraph
+from tutorial_lib import (config, distributed, engine, evidence, ladder, meters, models, peaks, perfdoc, precision, reference,
+                          roofline, stepgraph)
 from tutorial_lib.__main__ import main
 from tutorial_lib.config import ConfigError, TrainConfig
 from tutorial_lib.lessons import size, studies
@@ -170,6 +171,56 @@ def test_ladder_configs_add_one_change_per_rung():
     assert on_cpu["gpu_resident"][1] is None and not on_cpu["gpu_resident"][0].compile
 
 
+def _cpu_bf16(monkeypatch, slowdown: float) -> None:
+    """This CPU, as far as the workbook can tell: bf16 steps `slowdown` times as long as fp32 ones."""
+    monkeypatch.setattr(precision, "cpu_bf16_slowdown", lambda: slowdown)
+
+
+def test_a_cpu_that_emulates_bf16_skips_the_bf16_rung_and_stacks_the_rest_on_fp32(monkeypatch):
+    """On an AVX2-only CPU (no bf16 instructions) a ResNet-18 bf16 step took x25 an fp32 one, and every rung above
+    bf16 inherited it: notebook 04's CPU cells ran 2-4 minutes each. There the rung is skipped, saying why."""
+    _cpu_bf16(monkeypatch, 12.4)
+    on_cpu = {rung.name: (cfg, why) for rung, cfg, why in ladder.configs(ladder.SMALL, device="cpu")}
+    assert on_cpu["bf16"][1] == ("this CPU has no bf16 instructions: a bf16 step took x12 an fp32 one here, so the "
+                                 "CPU runs use fp32; the reference shows bf16")
+    assert on_cpu["channels_last"][1] is None and on_cpu["channels_last"][0].precision == "fp32"
+    assert on_cpu["gpu_resident"][0].precision == "fp32" and on_cpu["gpu_resident"][0].channels_last
+    assert {r.name: why for r, _, why in ladder.configs(ladder.GPU)}["bf16"] is None  # a GPU: never probed
+    assert ladder.optimized_config(ladder.SMALL, {"device": "cpu"}).precision == "fp32"
+    assert ladder.optimized_config(ladder.GPU).precision == "bf16"
+    assert evidence.race_precisions(("fp32", "bf16"), "cpu") == (("fp32",), precision.cpu_bf16_note())
+    assert evidence.race_precisions(("fp32", "bf16", "fp16"), "cuda") == (("fp32", "bf16", "fp16"), None)
+    _, points = ladder.job_sweep(TINY, device="cpu")  # a job's nodes are not this CPU: the bf16 point stays
+    assert any(p.get("precision") == "bf16" for p in points)
+
+
+def test_a_cpu_with_bf16_instructions_runs_the_bf16_rung_and_stacks_on_it(monkeypatch):
+    _cpu_bf16(monkeypatch, 1.2)
+    on_cpu = {rung.name: (cfg, why) for rung, cfg, why in ladder.configs(ladder.SMALL, device="cpu")}
+    assert on_cpu["bf16"][1] is None and on_cpu["channels_last"][0].precision == "bf16"
+    assert ladder.optimized_config(ladder.SMALL, {"device": "cpu"}).precision == "bf16"
+    assert evidence.race_precisions(("fp32", "bf16"), "cpu") == (("fp32", "bf16"), None)
+    assert precision.cpu_bf16_native()
+    _cpu_bf16(monkeypatch, 3.0)  # the threshold itself: emulated
+    assert not precision.cpu_bf16_native()
+
+
+def test_the_precision_race_leaves_emulated_bf16_out_and_says_so(monkeypatch, capsys, tmp_path):
+    _cpu_bf16(monkeypatch, 12.0)
+    monkeypatch.setattr(engine, "train", lambda cfg: (cfg.precision, cfg.seed))
+    runs = evidence.precision_runs(TrainConfig(device="cpu"), ("fp32", "bf16"), (0, 1), out_dir=str(tmp_path))
+    assert runs == {"fp32": [("fp32", 0), ("fp32", 1)]}
+    assert capsys.readouterr().out == precision.cpu_bf16_note() + "\n"
+
+
+def test_the_bf16_probe_measures_this_cpu_once_in_a_fraction_of_a_second():
+    precision.cpu_bf16_slowdown.cache_clear()
+    start = time.perf_counter()
+    slowdown = precision.cpu_bf16_slowdown()
+    assert 0.05 < slowdown < 500 and time.perf_counter() - start < 10
+    assert precision.cpu_bf16_slowdown() is slowdown and precision.cpu_bf16_native() == (slowdown < 3.0)
+
+
 def test_every_traced_rung_times_a_step_after_its_compile_and_recording():
     """The eager rung's trace once failed: its DataLoader's prefetched batches made timing_warmup 26 > 12 steps."""
     plan = {rung.name: cfg for rung, cfg, _ in ladder.configs(ladder.GPU)}
@@ -191,16 +242,18 @@ def test_optimized_yaml_is_the_ladders_last_rung():
 
 def test_the_ladder_study_measures_every_rung_a_cpu_can_run_and_records_it(tmp_path, monkeypatch, one_thread):
     """`python -m tutorial_lib study ladder --small`: the rows, the traces, the bench at configs/optimized.yaml,
-    ladder.json/.md and the reference records (what scripts/gpu/ladder.sh writes on a GPU)."""
+    ladder.json/.md and the reference records (what scripts/gpu/ladder.sh writes on a GPU). On a CPU that emulates
+    bf16, as on most laptops (the rungs' stacking on bf16 itself: the two tests above)."""
     monkeypatch.setattr(ladder, "SMALL", TINY)
+    _cpu_bf16(monkeypatch, 12.0)
     written = studies.run("ladder", size.Size(True, "test"), tmp_path)
     rows = json.loads((tmp_path / "ladder.json").read_text())["rows"]
     measured = {r["rung"] for r in rows if not r["skipped"]}
-    assert measured == {"fp32", "bf16", "channels_last", "fused_adamw", "big_batch", "gpu_resident",
-                        "last_small_batch", "bare_loop"}
+    assert measured == {"fp32", "channels_last", "fused_adamw", "big_batch", "gpu_resident", "last_small_batch",
+                        "bare_loop"}
     skipped = {r["rung"]: r["skipped"] for r in rows if r["skipped"]}
-    assert set(skipped) == {"tf32", "compile", "reduce_overhead", "step_graph", "fp16"}
-    assert "torch.compile" in skipped["compile"] and "CUDA" in skipped["fp16"]
+    assert set(skipped) == {"tf32", "bf16", "compile", "reduce_overhead", "step_graph", "fp16"}
+    assert "torch.compile" in skipped["compile"] and "CUDA" in skipped["fp16"] and "x12" in skipped["bf16"]
     for r in rows:
         if not r["skipped"]:
             assert r["img_s"] > 0 and r["step_ms_p10"] <= r["step_ms"] <= r["step_ms_p90"] and r["speedup"] > 0

@@ -5,9 +5,13 @@ fp32: every matmul and convolution in float32 (TF32 off: cuDNN convolutions use 
 and newer, so an honest fp32 baseline turns it off); tf32: the same code on tensor cores with a 10-bit
 mantissa; bf16 / fp16: autocast runs matmuls and convolutions in 16 bits, keeps reductions in float32;
 fp16's narrow range needs a GradScaler (scale the loss, step, update the scale), bf16's does not.
+On a CPU bf16 is fast only with bf16 instructions (AVX-512 BF16, AMX, Arm's BF16); with AVX2 alone oneDNN emulates
+it, at many times fp32's time: cpu_bf16_slowdown measures which this CPU is.
 """
 from __future__ import annotations
 
+import functools
+import time
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -73,3 +77,39 @@ def backend_flags():
     finally:
         (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
          torch.backends.cudnn.benchmark) = saved
+
+
+CPU_BF16_EMULATED = 3.0  # a bf16 step this many times as long as the fp32 one: the CPU emulates bf16
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_bf16_slowdown() -> float:
+    """How many times as long a bf16-autocast training step of a small convolution and linear layer takes as its
+    fp32 step on this CPU, at torch's current threads (the best of 3 after one warm-up each; about 0.1 s). Where
+    the CPU has bf16 instructions it is about 1; an AVX2-only CPU took x7-x11 (ResNet-18: x25). Once a process."""
+    conv, lin = torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.Linear(32 * 8 * 8, 10)
+    x = torch.randn(4, 32, 32, 32)
+
+    def step(bf16: bool) -> float:
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = lin(torch.nn.functional.avg_pool2d(conv(x), 4).flatten(1))
+        out.float().sum().backward()
+        return time.perf_counter() - start
+
+    best = {}
+    for bf16 in (False, True):
+        step(bf16)
+        best[bf16] = min(step(bf16) for _ in range(3))
+    return best[True] / best[False]
+
+
+def cpu_bf16_native() -> bool:
+    """Whether bf16 autocast runs on this CPU at about fp32's pace (measured once: cpu_bf16_slowdown)."""
+    return cpu_bf16_slowdown() < CPU_BF16_EMULATED
+
+
+def cpu_bf16_note() -> str:
+    """One line for a learner: why a CPU run uses fp32 where the lesson has bf16."""
+    return (f"this CPU has no bf16 instructions: a bf16 step took x{cpu_bf16_slowdown():.0f} an fp32 one here, so "
+            "the CPU runs use fp32; the reference shows bf16")

@@ -16,6 +16,7 @@ import torch
 from . import bench, ladder, noise
 from .. import engine, reference
 from ..config import TrainConfig
+from ..precision import cpu_bf16_native, cpu_bf16_note
 
 
 def largest_gain(rows: list[dict], among: list[str] | None = None) -> tuple[str, float, str] | None:
@@ -37,7 +38,7 @@ def bf16_line(rows: list[dict]) -> str:
     its baseline."""
     got = {r["rung"] for r in rows if not r["skipped"]}
     if not {"fp32", "bf16"} <= got:
-        return "not measured"
+        return "skipped here (its row says why)" if any(r["rung"] == "bf16" for r in rows) else "not measured"
     words = [ladder.against(rows, "bf16", "fp32")]
     base = ladder.compared_with(rows).get("bf16", "fp32")
     if base != "fp32":
@@ -142,9 +143,21 @@ def engine_vs_bare(sizes: ladder.Sizes, pairs: int = 3, timed: int = 6, override
             "verdict": words.get(r.verdict) or f"engine against bare loop {r.words()}", "timed_steps": timed}
 
 
+def race_precisions(precisions, device: str) -> tuple[tuple, str | None]:
+    """The race's precisions that run at a CPU's pace on `device` ('cuda' or 'cpu'), and the line that says what
+    was left out: bf16 on a CPU without bf16 instructions, which emulates it at many times fp32's time."""
+    if device == "cuda" or "bf16" not in precisions or cpu_bf16_native():
+        return tuple(precisions), None
+    return tuple(p for p in precisions if p != "bf16"), cpu_bf16_note()
+
+
 def precision_runs(base: TrainConfig, precisions, seeds, out_dir: str = "runs/04_precisions") -> dict:
     """Train `base` once per precision and seed (the seed draws the weights, the data and its order); returns
-    {precision: [Result per seed]}. `base` should validate along the way (eval_every) for images to target."""
+    {precision: [Result per seed]}. `base` should validate along the way (eval_every) for images to target. A CPU
+    that emulates bf16 leaves bf16 out, and a printed line says so (race_precisions)."""
+    precisions, why = race_precisions(precisions, ladder.device_type({"device": base.device}))
+    if why:
+        print(why)
     runs = {}
     for precision in precisions:
         for seed in seeds:

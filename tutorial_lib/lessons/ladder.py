@@ -32,7 +32,7 @@ from .size import Size
 from .. import config, data, engine, models, peaks, perfdoc, reference, trace_summary
 from ..config import TrainConfig, UserError, default_workers
 from ..meters import StepClock, timing_fields, untimed_steps
-from ..precision import autocast
+from ..precision import autocast, cpu_bf16_native, cpu_bf16_note
 from ..results import Result, atomic_write_text, load_result
 
 
@@ -106,10 +106,11 @@ def base_config(sizes: Sizes, overrides: dict | None = None) -> TrainConfig:
         "out_dir": "runs/04_ladder", **(overrides or {})})
 
 
-def configs(sizes: Sizes, overrides: dict | None = None, device: str = "cuda",
-            compile_on_cpu: bool = False) -> list[tuple[Rung, TrainConfig, str | None]]:
+def configs(sizes: Sizes, overrides: dict | None = None, device: str = "cuda", compile_on_cpu: bool = False,
+            bf16_on_cpu: bool | None = None) -> list[tuple[Rung, TrainConfig, str | None]]:
     """Every rung with its config and why it is skipped on `device` (None: it runs). A skipped rung of the
-    ladder adds nothing to the rungs above it."""
+    ladder adds nothing to the rungs above it. bf16_on_cpu: whether the bf16 rung runs off a GPU (None: where
+    this CPU has bf16 instructions, precision.cpu_bf16_native; a job array's nodes decide for themselves)."""
     base = base_config(sizes, overrides)
     out, current, by_name = [], base, {}
     for rung in rungs(sizes):
@@ -122,6 +123,9 @@ def configs(sizes: Sizes, overrides: dict | None = None, device: str = "cuda",
         reason = None
         if device != "cuda" and rung.cpu_note:
             reason = rung.cpu_note
+        elif device != "cuda" and rung.overrides.get("precision") == "bf16" and not (
+                cpu_bf16_native() if bf16_on_cpu is None else bf16_on_cpu):
+            reason = cpu_bf16_note()
         elif device != "cuda" and cfg.compile and not compile_on_cpu:
             reason = "torch.compile takes minutes on a small CPU (compile_on_cpu=True includes it)"
         by_name[rung.name] = cfg
@@ -175,11 +179,7 @@ def study(size: Size, out: Path) -> dict[str, dict]:
 def bench_optimized(sizes: Sizes, overrides: dict | None = None) -> dict:
     """Notebook 03's bench (IO / SYNTHETIC / FULL) at configs/optimized.yaml, with the DataLoader and with
     GPU-resident input; at small sizes the model, batch and images of `sizes`, uncompiled off a GPU."""
-    cfg = config.load(config.CONFIGS_DIR / "optimized.yaml").replace(
-        progress=False, tensorboard=False, num_workers=default_workers(), **(overrides or {}))
-    if sizes != GPU:
-        cfg = cfg.replace(model=sizes.model, batch_size=sizes.big_batch, train_size=sizes.train_size,
-                          compile=cfg.compile and device_type(overrides) == "cuda")
+    cfg = optimized_config(sizes, overrides)
     figures = {}
     for loader in ("dataloader", "gpu_resident"):
         if cfg.compile:
@@ -192,6 +192,20 @@ def bench_optimized(sizes: Sizes, overrides: dict | None = None) -> dict:
                            "windows": {m: f.window_img_s for m, f in r.figures.items()},  # to judge it again
                            "waited": r.full_data_wait_fraction}
     return figures
+
+
+def optimized_config(sizes: Sizes, overrides: dict | None = None) -> TrainConfig:
+    """configs/optimized.yaml for the bench; at small sizes the model, batch and images of `sizes`, uncompiled off a
+    GPU, and in fp32 on a CPU without bf16 instructions (precision.cpu_bf16_note says why)."""
+    cfg = config.load(config.CONFIGS_DIR / "optimized.yaml").replace(
+        progress=False, tensorboard=False, num_workers=default_workers(), **(overrides or {}))
+    if sizes != GPU:
+        cuda = device_type(overrides) == "cuda"
+        cfg = cfg.replace(model=sizes.model, batch_size=sizes.big_batch, train_size=sizes.train_size,
+                          compile=cfg.compile and cuda)
+        if not cuda and cfg.precision == "bf16" and not cpu_bf16_native():
+            cfg = cfg.replace(precision="fp32")
+    return cfg
 
 
 def device_type(overrides: dict | None = None) -> str:
@@ -316,7 +330,7 @@ def job_sweep(sizes: Sizes, overrides: dict | None = None, device: str = "cuda")
     base = base_config(sizes, overrides).replace(num_workers=TrainConfig().num_workers)
     points = []
     # untimed: the batches up to 8 workers (the most default_workers() gives) load ahead, wherever the job runs
-    for rung, cfg, reason in configs(sizes, {**(overrides or {}), "num_workers": 8}, device):
+    for rung, cfg, reason in configs(sizes, {**(overrides or {}), "num_workers": 8}, device, bf16_on_cpu=True):
         if reason is None and not rung.bare:
             cfg = cfg.replace(num_workers=base.num_workers)
             points.append({k: v for k, v in cfg.to_dict().items() if v != getattr(base, k)})
