@@ -541,15 +541,30 @@ def test_a_slow_batch_function_is_named_as_what_caps_the_rungs(tmp_path):
     fp32 = c.rows[0]
     assert card_input.waited(fp32) > card_input.WAIT_SHARE and fp32["resident"]["img_s"] > 1.2 * fp32["img_s"]
     assert card_input.cap(fp32) == "input" and "| input: the model alone " in c.rung_table()
+    assert fp32["resident"]["steps"] - fp32["steps"] >= 3 * card_module.SMALL.steps  # timed about as long as the rung
     assert "speed up the input first" in c.markdown()
     cells = [x for line in c.markdown().splitlines() if line.startswith("| ") for x in line.strip("|").split(" | ")]
     assert not card_verdict.too_long(cells), card_verdict.too_long(cells)  # a CPU card's page too
 
 
+def test_the_model_alone_is_timed_about_as_long_as_the_rung_that_waited():
+    """Six timed steps of a 0.5 ms model alone beside a rung of 100 ms batches: one stalled step on a loaded CPU
+    made the cap 'not settled'. The model alone now times the steps that fill the rung's time, at most ten-fold."""
+    asked = []
+
+    def measure(n):
+        asked.append(n)
+        return {"img_s": 1.0, "skipped": None}
+    rung = {"rung": "fp32", "batch": 8, "skipped": None}
+    for wait_ms, step_ms, steps in ((50.0, 100.0, 12), (90.0, 100.0, 60), (99.9, 100.0, 60), (2000.0, 100.0, 60)):
+        got = card_input.add_resident({**rung, "img_s": 8000 / step_ms, "data_wait_ms": wait_ms}, measure, 6)
+        assert asked[-1] == steps and got["resident"]["img_s"] == 1.0, (wait_ms, asked)
+
+
 def test_a_rung_that_hardly_waited_is_not_run_again():
     row = {"rung": "fp32", "img_s": 1000.0, "batch": 10, "data_wait_ms": 0.2, "skipped": None}  # 2% of a 10 ms step
     assert card_input.WAIT_SHARE > 0.02
-    assert card_input.add_resident(row, lambda: pytest.fail("measured again")) is row
+    assert card_input.add_resident(row, lambda n: pytest.fail("measured again"), 6) is row
     assert card_input.cap(row) == "model" and card_input.cap_cell(row) == "model (waited 2% of the step)"
     one = ownmodel_parts(lambda: nn.Linear(4, 2), torch.rand(2, 4), torch.zeros(2, dtype=torch.long))
     assert card_input.resident_parts(dataclasses_replace(one, source=(torch.rand(2, 4), torch.zeros(2))), tl.TrainConfig()) is None

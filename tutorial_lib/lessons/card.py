@@ -322,13 +322,14 @@ def measure_rungs(parts: ownmodel.Parts, plan: list[tuple], sizes: CardSizes, sa
             reason = f"the card's time budget ({sizes.budget_s:.0f} s) was spent"
         cfg = timed(planned, sizes)
         row = ladder.skipped_row(rung, cfg, reason) if reason else measure_rung(parts, rung, cfg)
-        row = card_input.add_resident(row, resident and (lambda: measure_rung(
-            resident, rung, cfg.replace(out_dir=f"{cfg.out_dir}_resident"))))
+        row = card_input.add_resident(row, resident and (lambda n: measure_rung(  # noqa: B023 (called at once)
+            resident, rung, timed(planned, card_decide.sized(sizes, n)).replace(out_dir=f"{cfg.out_dir}_resident"))),
+            sizes.steps)
         rows.append({**row, "precision": cfg.precision})  # the peak its MFU is against (card_report.peaks_note)
         say(ladder.row_line(row).replace("img/s", "samples/s"))
     if sizes.settle:  # what is left of the budget: the rungs the rule can't yet tell apart, run longer
         rows = card_decide.settle_all(rows, plan, lambda rung, cfg, n: card_input.add_resident(
-            measure_rung(parts, rung, timed(cfg, card_decide.sized(sizes, n))), None), start + sizes.budget_s)
+            measure_rung(parts, rung, timed(cfg, card_decide.sized(sizes, n))), None, n), start + sizes.budget_s)
     ladder.add_speedups(rows)
     return rows
 
