@@ -4,8 +4,8 @@ Every rung trains on your batches (your function, Dataset or DataLoader). A rung
 for more than WAIT_SHARE of its time (a fifth) is trained again on one batch resident on the device, reused every
 step: the model alone. Where the model alone is faster by the rule (lessons.noise), the input caps that rung; where
 the steps hardly waited, the model does (no second run: the batches were there when the step wanted them).
-The model alone runs for about as long as the rung's timed steps took (alone_steps): a few steps of a fast model
-are one stalled step away from "not settled".
+Where the rule can't yet tell the model alone from the rung, the model alone runs again for about as long as the
+rung's timed steps took (alone_steps): a few steps of a fast model are one stalled step away from "not settled".
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from .. import engine, ownmodel
 from ..config import TrainConfig
 
 WAIT_SHARE = 0.2  # of a rung's mean step spent waiting for a batch, beyond which the model alone is measured too
-ALONE_MAX = 10  # the model alone times at most this many times the rung's timed steps
+ALONE_MAX_STEPS = 2000  # timed steps of the model alone's second run at most
 KEPT = ("img_s", "step_ms", "step_ms_p10", "step_ms_p90", "step_ms_blocks", "steps", "batch", "data_wait_ms")
 
 
@@ -42,20 +42,22 @@ def waited(row: dict) -> float:
     return (row.get("data_wait_ms") or 0.0) / step_ms if step_ms else 0.0
 
 
-def alone_steps(row: dict, steps: int) -> int:
-    """Timed steps of the model alone for a rung that timed `steps`: as many as fill about the rung's timed time,
-    the model's step estimated as the rung's step less its wait; from `steps` to ALONE_MAX x `steps`."""
-    step_ms = 1000 * row["batch"] / row["img_s"]
-    compute_ms = max(step_ms - (row.get("data_wait_ms") or 0.0), step_ms / ALONE_MAX)
-    return max(steps, round(steps * step_ms / compute_ms))
+def alone_steps(row: dict, alone: dict, steps: int) -> int:
+    """Timed steps of the model alone's second run: as many of its median step (`alone`: its first run) as fill the
+    time the rung's `steps` timed steps took; at least 2 x `steps`, at most ALONE_MAX_STEPS."""
+    rung_ms = steps * 1000 * row["batch"] / row["img_s"]
+    return int(min(ALONE_MAX_STEPS, max(2 * steps, rung_ms / max(alone["step_ms"] or 0.0, 1e-3))))
 
 
 def add_resident(row: dict, measure: Callable[[int], dict] | None, steps: int) -> dict:
-    """`row` with the model alone (`measure(n)`: the rung on one resident batch for n timed steps, alone_steps) where
-    its `steps` timed steps waited, else as is."""
+    """`row` with the model alone (`measure(n)`: the rung on one resident batch for n timed steps) where its `steps`
+    timed steps waited, else as is; measured again for longer (alone_steps) where the rule can't yet tell."""
     if measure is None or row.get("skipped") or waited(row) <= WAIT_SHARE:
         return row
-    alone = measure(alone_steps(row, steps))
+    alone = measure(steps)
+    if not alone.get("skipped") and cap({**row, "resident": alone}) == "not settled":
+        again = measure(alone_steps(row, alone, steps))
+        alone = alone if again.get("skipped") else again
     return {**row, "resident": None if alone.get("skipped") else {k: alone.get(k) for k in KEPT}}
 
 
