@@ -120,14 +120,13 @@ def slurm_requeue_job_early(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def studies_early(request, tmp_path_factory):
-    """The small studies that test modules read, started at idle priority as the session starts for each module
-    that is selected: their CPU time fills the cycles the tests before them leave idle (tests/early.py)."""
-    import early
+def studies_05_06_early(request, tmp_path_factory):
+    """tests/test_studies_05_06.py's three small studies, started at idle priority as the session starts when that
+    module is selected: their CPU time fills the cycles the tests before it leave idle (start_early)."""
+    if selected(request.session, "test_studies_05_06.py"):
+        import test_studies_05_06
 
-    for module in early.STUDIES:
-        if selected(request.session, module):
-            early.start(module, tmp_path_factory, background=True)
+        test_studies_05_06.start_early(tmp_path_factory)
     yield
 
 

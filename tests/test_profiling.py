@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-import early
 from conftest import tiny
 from tutorial_lib import engine, profiling, tensorboard
 from tutorial_lib.config import UserError
+from tutorial_lib.lessons import size, studies
 from tutorial_lib.trace_summary import PARTS, summarize
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -119,12 +119,10 @@ def test_too_few_steps_for_the_profiler_schedule_names_the_fix(tmp_path):
             pass
 
 
-def test_the_traces_study_profiles_one_device_and_each_ddp_rank(tmp_path_factory):
+def test_the_traces_study_profiles_one_device_and_each_ddp_rank(tmp_path, one_thread, capsys):
     """`python -m tutorial_lib study traces --small` (scripts/gpu/profiling.sh on a GPU): the fixture, the baseline
-    and a 2-rank DDP run (one trace per rank, summarised side by side), each checked, in a table and two plots.
-    (On one thread, started as the session began: tests/early.py)"""
-    tmp_path, said, wrote = early.finished("test_profiling.py", "traces", tmp_path_factory)
-    assert wrote == [] and "wrote no reference record" in said  # tables only
+    and a 2-rank DDP run (one trace per rank, summarised side by side), each checked, in a table and two plots."""
+    assert studies.run("traces", size.Size(True, "test"), tmp_path) == {}  # tables only, no reference record
     record = json.loads((tmp_path / "traces.json").read_text())
     assert list(record) == ["fixture", "baseline_fp32", "ddp_2ranks"]
     fixture = tmp_path / "fixtures" / "cpu_resnet18_imagenet_fp32.pt.trace.json.gz"
@@ -134,7 +132,7 @@ def test_the_traces_study_profiles_one_device_and_each_ddp_rank(tmp_path_factory
             assert sum(parts.values()) == pytest.approx(step, rel=TOLERANCE, abs=0.01), name
     ddp = record["ddp_2ranks"]
     assert ddp["ranks"] == 2 and all(p["comm"] > 0 for p in ddp["parts_ms"])  # gloo all-reduce of the gradients
-    assert "rank1" in said  # side by side
+    assert "rank1" in capsys.readouterr().out  # side by side
     assert {f.name for f in (tmp_path / "figures").iterdir()} == {"baseline_fp32.png", "ddp_2ranks.png"}
     table = (tmp_path / "traces.md").read_text()
     assert "| ddp_2ranks | rank1 |" in table and "| baseline_fp32 | rank0 |" in table

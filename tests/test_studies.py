@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-import early
 from tutorial_lib import doctor, reference
 from tutorial_lib.__main__ import main
 from tutorial_lib.config import UserError
@@ -116,20 +115,18 @@ def test_the_notebook_session_is_the_one_size(monkeypatch):
 
 def test_every_study_is_tested_in_its_small_mode():
     """Each registered study's small mode runs somewhere in tests/: a test file that calls `studies.run(` names
-    the study (`studies.run("NAME", ...)`, or its name in a list it runs), or reads it from tests/early.py."""
-    texts = {p.name: p.read_text() for p in (ROOT / "tests").glob("test_*.py")}
-    tested = {w for t in texts.values() if "studies.run(" in t for w in re.findall(r"\"(\w+)\"", t)}
-    tested |= {name for module, names in early.STUDIES.items() if "early.finished(" in texts[module] for name in names}
+    the study (`studies.run("NAME", ...)`, or its name in a list it runs)."""
+    texts = [p.read_text() for p in (ROOT / "tests").glob("test_*.py")]
+    tested = {w for t in texts if "studies.run(" in t for w in re.findall(r"\"(\w+)\"", t)}
     assert set(studies.STUDIES) <= tested, f"no small-mode test for {sorted(set(studies.STUDIES) - tested)}"
 
 
-def test_the_measure_study_checks_one_way_to_measure(tmp_path_factory):
+def test_the_measure_study_checks_one_way_to_measure(tmp_path, one_thread):
     """scripts/gpu/measure.sh on a GPU: train and bench on one loader-bound run, TensorBoard's rate, a profiled
-    run of 2 cycles without warnings, two verdicts; its figures in the reference record `measure`.
-    (`study measure --small` on one thread, started as the session began: tests/early.py)"""
-    folder, _, wrote = early.finished("test_studies.py", "measure", tmp_path_factory)
-    record = reference.load("measure", folder)
-    assert [p.name for p in wrote] == ["measure.json"] and record["card"] == "CPU (small mode)"
+    run of 2 cycles without warnings, two verdicts; its figures in the reference record `measure`."""
+    written = studies.run("measure", size.Size(True, "test"), tmp_path)
+    record = reference.load("measure", tmp_path)
+    assert set(written) == {"measure"} and record["card"] == "CPU (small mode)"
     f = record["figures"]
     lb = f["loader_bound"]
     assert lb["train_img_s"] > 0 and lb["bench_full_img_s"] > 0 and lb["batch_size"] == 8
@@ -142,11 +139,10 @@ def test_the_measure_study_checks_one_way_to_measure(tmp_path_factory):
     assert all(v["bound"] in names and v["verdict"] for v in f["verdicts"].values()), f["verdicts"]
 
 
-def test_the_spine_study_tabulates_one_device_and_two_ranks(tmp_path_factory):
+def test_the_spine_study_tabulates_one_device_and_two_ranks(tmp_path, one_thread):
     """scripts/gpu/spine.sh on a GPU: fp32 and bf16 + channels_last on one GPU, DDP on 1 and 2 (small: fp32 +
-    channels_last, DDP on 2 gloo processes), one table; no reference record. (Started early: tests/early.py)"""
-    tmp_path, said, wrote = early.finished("test_studies.py", "spine", tmp_path_factory)
-    assert wrote == [] and "wrote no reference record" in said
+    channels_last, DDP on 2 gloo processes), one table; no reference record."""
+    assert studies.run("spine", size.Size(True, "test"), tmp_path) == {}
     rows = {r["run"]: r for r in json.loads((tmp_path / "spine.json").read_text())}
     assert list(rows) == ["fp32", "fp32_cl", "ddp2"]
     assert rows["ddp2"]["ranks"] == 2 and rows["ddp2"]["in sync"] and rows["fp32"]["ranks"] == 1
